@@ -1,0 +1,44 @@
+"""stallguard: per-state deadlines that force-fail stalled requests, exactly once.
+
+Declare a request's phases and how long each may last in a :class:`Spec`, feed state
+changes to a :class:`Watchdog`, and call :meth:`Watchdog.check` from your loop (or let
+a runner do it): every request that overstays is failed exactly once, and reported to
+logging and OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._details import Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
+from ._errors import ConfigError, StallguardError, UnknownStateError
+from ._spec import Deadline, Spec, State, state_label
+from ._watchdog import Watchdog
+
+__all__ = [
+    "ConfigError",
+    "Deadline",
+    "Expiry",
+    "Mode",
+    "Reason",
+    "Snapshot",
+    "Spec",
+    "StallguardError",
+    "State",
+    "StateSummary",
+    "TrackedRequest",
+    "UnknownStateError",
+    "Watchdog",
+    "state_label",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("stallguard")
+        except PackageNotFoundError:  # a raw checkout that was never installed
+            return "0+unknown"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,128 @@
+"""Frozen details objects: what hooks and operators are handed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, Literal, TypeVar
+
+import attrs
+
+from ._spec import Deadline, State, state_label
+
+__all__ = ["Expiry", "Mode", "Reason", "Snapshot", "StateSummary", "TrackedRequest"]
+
+K = TypeVar("K")
+
+#: Why a request expired: it overstayed its state's deadline, its whole lifetime, or
+#: its progress (heartbeat) window.
+Reason = Literal["state", "lifetime", "stall"]
+#: ``"enforce"`` fails overdue requests; ``"report"`` only reports them.
+Mode = Literal["enforce", "report"]
+
+
+@attrs.frozen
+class Expiry(Generic[K]):
+    """One request that overstayed a deadline, as handed to every hook and returned by
+    :meth:`stallguard.Watchdog.check`.
+
+    Attributes:
+        key: the request's key, as passed to :meth:`~stallguard.Watchdog.observe`.
+        spec: the name of the :class:`~stallguard.Spec`.
+        state: the state the request was in when the deadline fired.
+        entered_at: when the clock that fired started, on the watchdog's clock: the time
+            the request entered *state* (reason ``"state"``), its last progress
+            (``"stall"``) or its first observation (``"lifetime"``).
+        elapsed: seconds from *entered_at* to the check that found it overdue.
+        deadline: the deadline that fired, in seconds.
+        reason: ``"state"``, ``"lifetime"`` or ``"stall"``.
+        mode: ``"enforce"`` (the request is failed and untracked) or ``"report"`` (nothing
+            is failed; the expiry is only reported).
+        attributes: user attributes attached with :meth:`~stallguard.Watchdog.annotate`.
+        trace_parent: a parent span context attached with
+            :meth:`~stallguard.Watchdog.annotate` (an OpenTelemetry ``Context`` or
+            ``SpanContext``), or None.
+        trace_links: span contexts to link from the failure span.
+    """
+
+    key: K
+    spec: str
+    state: State
+    entered_at: float
+    elapsed: float
+    deadline: float
+    reason: Reason
+    mode: Mode
+    attributes: Mapping[str, Any] = attrs.field(factory=dict)
+    trace_parent: Any = None
+    trace_links: tuple[Any, ...] = ()
+
+    @property
+    def state_label(self) -> str:
+        """The state's name, as in logs and spans."""
+        return state_label(self.state)
+
+    @property
+    def enforced(self) -> bool:
+        """True if the request is being failed (``mode == "enforce"``)."""
+        return self.mode == "enforce"
+
+    def describe(self) -> str:
+        """A one-line human reason, e.g. for a failure message shown to a client:
+        ``"stallguard: Transferring for 121.3s, past its 120s deadline"``."""
+        what = {
+            "state": f"in {self.state_label}",
+            "stall": f"without progress in {self.state_label}",
+            "lifetime": f"alive (now in {self.state_label})",
+        }[self.reason]
+        window = {"state": "deadline", "stall": "progress window", "lifetime": "lifetime"}
+        return (
+            f"stallguard: {what} for {self.elapsed:.3f}s, past its "
+            f"{self.deadline:g}s {window[self.reason]} (spec {self.spec!r})"
+        )
+
+
+@attrs.frozen
+class TrackedRequest(Generic[K]):
+    """One tracked request in a :class:`Snapshot`."""
+
+    key: K
+    state: State
+    entered_at: float
+    #: Seconds in the current state.
+    age: float
+    #: Seconds until the state deadline fires (negative once overdue), or None.
+    remaining: float | None
+
+
+@attrs.frozen
+class StateSummary:
+    """Per-state figures in a :class:`Snapshot`: what an operator needs to see a stall
+    before it bites."""
+
+    state: State
+    deadline: Deadline
+    #: Requests in this state now.
+    count: int
+    #: Seconds the longest-waiting request has been in this state (None if empty).
+    oldest_age: float | None
+
+
+@attrs.frozen
+class Snapshot(Generic[K]):
+    """A consistent view of a watchdog, from :meth:`stallguard.Watchdog.snapshot`."""
+
+    spec: str
+    mode: Mode
+    #: The watchdog clock's time of the snapshot.
+    at: float
+    #: Per non-terminal state label.
+    states: Mapping[str, StateSummary]
+    #: Every tracked request, oldest state entry first (empty if not asked for).
+    requests: tuple[TrackedRequest[K], ...]
+    tracked: int
+    #: Expiries so far, enforced or reported.
+    expired: int
+    #: Exceptions raised by hooks (logged, never propagated).
+    hook_errors: int
+    #: Events dropped because their key had already concluded (a late ``observe``).
+    late_events: int

@@ -1,0 +1,644 @@
+"""The watchdog: per-state deadline tracking at hot-loop cost.
+
+Design (see docs/watchdog.md for the why):
+
+* Every state has one fixed deadline, so the requests in a state expire in the order
+  they entered it. Each non-terminal state keeps an insertion-ordered FIFO
+  (``OrderedDict`` key -> entry time); a state change is a delete in one FIFO and an
+  append to another, O(1). Only FIFO heads can be due.
+* Progress windows keep a FIFO per state too; a heartbeat moves its key to the tail
+  (a renewal never strands an overdue entry behind a renewed head). The lifetime
+  deadline keeps one FIFO in order of first observation.
+* ``_next_due`` is a lower bound on the earliest due time of any FIFO head. It only
+  ever moves down when something is appended and is recomputed exactly after an
+  expiry pass, so ``check()`` with nothing due is one clock read and one comparison,
+  whatever the number of tracked requests.
+* No thread, task or timer exists per request; an expiry is decided in ``check()``,
+  where the owner of the request can act on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from . import instrumentation as _instrumentation
+from ._details import Expiry, Mode, Snapshot, StateSummary, TrackedRequest
+from ._errors import ConfigError, UnknownStateError
+from ._spec import Deadline, Spec, State, state_label
+
+__all__ = ["Watchdog"]
+
+log = logging.getLogger("stallguard")
+
+K = TypeVar("K", bound=Hashable)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_MISSING: Any = object()
+_INF = math.inf
+_EXPIRED = True  # tombstone value: the key was force-failed (enforce mode)
+_CONCLUDED = False  # tombstone value: terminal state, forget(), or reported-then-ended
+
+
+class _Slot:
+    """Per-state bookkeeping."""
+
+    __slots__ = (
+        "deadline",
+        "fifo",
+        "label",
+        "parked",
+        "seconds",
+        "stall",
+        "stall_fifo",
+        "state",
+        "terminal",
+    )
+
+    def __init__(self, state: State, deadline: Deadline | None) -> None:
+        self.state = state
+        self.label = state_label(state)
+        self.terminal = deadline is None
+        self.deadline = deadline if deadline is not None else Deadline()
+        self.seconds = self.deadline.seconds
+        self.stall = self.deadline.stall
+        # key -> time the key entered this state (only for non-terminal states)
+        self.fifo: OrderedDict[Any, float] | None = None if self.terminal else OrderedDict()
+        # key -> last progress (only for states with a progress window)
+        self.stall_fifo: OrderedDict[Any, float] | None = (
+            OrderedDict() if self.stall is not None else None
+        )
+        # report mode: key -> entry time, for requests whose state deadline was reported
+        self.parked: dict[Any, float] = {}
+
+
+class _Note:
+    __slots__ = ("attributes", "links", "parent")
+
+    def __init__(self) -> None:
+        self.attributes: dict[str, Any] = {}
+        self.parent: Any = None
+        self.links: tuple[Any, ...] = ()
+
+
+def _hooks(on_expire: object) -> tuple[Callable[[Expiry[Any]], object], ...]:
+    if on_expire is None:
+        return ()
+    if callable(on_expire):
+        return (on_expire,)
+    if isinstance(on_expire, Iterable) and not isinstance(on_expire, (str, bytes)):
+        hooks = tuple(on_expire)
+        for hook in hooks:
+            if not callable(hook):
+                raise ConfigError(f"on_expire must hold callables, got {hook!r}")
+        return hooks
+    raise ConfigError(f"on_expire must be a callable or a sequence of callables, got {on_expire!r}")
+
+
+class Watchdog(Generic[K]):
+    """Tracks live requests through the states of a :class:`~stallguard.Spec` and fails
+    the ones that overstay a deadline, exactly once.
+
+    Args:
+        spec: the states and their deadlines.
+        clock: returns the current time in seconds; must never go backwards. Defaults to
+            :func:`time.monotonic`. Tests pass a :class:`stallguard.testing.FakeClock`.
+        on_expire: a callable, or a sequence of callables, that enforces an expiry: it is
+            called with each :class:`~stallguard.Expiry` in ``"enforce"`` mode (to fail
+            the request the way its owner fails requests). It is not called in
+            ``"report"`` mode. Instrumentation hooks (logging, OpenTelemetry; see
+            :mod:`stallguard.instrumentation`) see every expiry in both modes.
+        mode: ``"enforce"`` fails overdue requests; ``"report"`` only reports them (each
+            request once per deadline), for a safe rollout.
+        unknown_state: ``"raise"`` (default) raises :class:`~stallguard.UnknownStateError`
+            when a state the spec does not declare is observed; ``"ignore"`` drops it
+            and counts it.
+        memory: how many concluded keys (expired, terminal or forgotten) are remembered,
+            so that a late ``observe`` for them is dropped instead of re-tracking the
+            request. Memory stays bounded: the oldest are forgotten first.
+
+    All methods are thread-safe: state changes may come from transfer threads while one
+    thread runs :meth:`check`.
+    """
+
+    def __init__(
+        self,
+        spec: Spec,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_expire: Callable[[Expiry[K]], object]
+        | Iterable[Callable[[Expiry[K]], object]]
+        | None = (),
+        mode: Mode = "enforce",
+        unknown_state: str = "raise",
+        memory: int = 65_536,
+    ) -> None:
+        if not isinstance(spec, Spec):
+            raise ConfigError(f"spec must be a stallguard.Spec, got {spec!r}")
+        if not callable(clock):
+            raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
+        if mode not in ("enforce", "report"):
+            raise ConfigError(f"mode must be 'enforce' or 'report', got {mode!r}")
+        if unknown_state not in ("raise", "ignore"):
+            raise ConfigError(f"unknown_state must be 'raise' or 'ignore', got {unknown_state!r}")
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
+            raise ConfigError(f"memory must be a positive int, got {memory!r}")
+        self.spec = spec
+        self.mode: Mode = mode
+        self._clock = clock
+        self._enforce_hooks = _hooks(on_expire)
+        self._raise_unknown = unknown_state == "raise"
+        self._memory = memory
+
+        self._slots: dict[State, _Slot] = {}
+        for state, deadline in spec.deadlines.items():
+            self._slots[state] = _Slot(state, deadline)
+        for state in spec.terminal:
+            self._slots[state] = _Slot(state, None)
+        live = [s for s in self._slots.values() if not s.terminal]
+        self._live: tuple[_Slot, ...] = tuple(live)
+        self._timed: tuple[_Slot, ...] = tuple(s for s in live if s.seconds is not None)
+        self._stalled: tuple[_Slot, ...] = tuple(s for s in live if s.stall is not None)
+        self._lifetime = spec.lifetime
+        self._born: OrderedDict[K, float] | None = (
+            OrderedDict() if spec.lifetime is not None else None
+        )
+
+        self._where: dict[K, _Slot] = {}
+        self._notes: dict[K, _Note] = {}
+        self._gone: OrderedDict[K, bool] = OrderedDict()
+        self._next_due = _INF
+        self._lock = threading.Lock()
+        self._expired = 0
+        self._hook_errors = 0
+        self._late = 0
+        self._unknown = 0
+        # Optional callbacks for integrations (runners, metrics); None costs nothing.
+        #: called (without arguments, possibly from another thread) when an earlier
+        #: deadline than any before appears; runners use it to wake up early.
+        self.on_earlier_deadline: Callable[[], None] | None = None
+        #: called as ``on_leave(state_label, seconds_in_state)`` when a tracked request
+        #: leaves a state (state change, terminal, forget, expiry); for histograms.
+        self.on_leave: Callable[[str, float], None] | None = None
+        _instrumentation._register_watchdog(self)
+
+    # ------------------------------------------------------------------ state changes
+
+    def observe(self, key: K, state: State) -> None:
+        """Record that request *key* is in *state* now.
+
+        The first sight of a key starts tracking it. A different state restarts the
+        state clock; observing the same state again does not (Erlang ``gen_statem``'s
+        ``state_timeout`` rule). A terminal state untracks the key. An observe for a key
+        that has already concluded (expired, terminal, or forgotten, and still within
+        ``memory``) is dropped and counted as a late event: it never re-arms the request.
+
+        Raises:
+            UnknownStateError: if *state* is not declared in the spec and
+                ``unknown_state="raise"``.
+        """
+        try:
+            slot = self._slots.get(state)
+        except TypeError:  # unhashable
+            slot = None
+        if slot is None:
+            self._unknown_state(key, state)
+            return
+        if self._where.get(key) is slot:  # same state again: nothing to do
+            return
+        now = self._clock()
+        with self._lock:
+            current = self._where.get(key)
+            if current is slot:
+                return
+            if current is None:
+                if slot.terminal:
+                    return
+                if key in self._gone:
+                    self._late += 1
+                    return
+                if self._born is not None:
+                    self._born[key] = now
+                    self._lower_due(now + self._lifetime)  # type: ignore[operator]
+            else:
+                self._leave(key, current, now)
+                if slot.terminal:
+                    self._untrack(key, _CONCLUDED)
+                    return
+            self._where[key] = slot
+            slot.fifo[key] = now  # type: ignore[index]
+            if slot.seconds is not None:
+                due = now + slot.seconds
+                if due < self._next_due:
+                    self._lower_due(due)
+            if slot.stall_fifo is not None:
+                slot.stall_fifo[key] = now
+                self._lower_due(now + slot.stall)  # type: ignore[operator]
+
+    def heartbeat(self, key: K) -> bool:
+        """Record progress for *key*: renews the progress (``stall``) window of its
+        current state. Lifetime and state deadlines are not renewed.
+
+        Returns:
+            True if *key* is tracked, False if it is not (a late heartbeat is harmless).
+        """
+        now = self._clock()
+        with self._lock:
+            slot = self._where.get(key)
+            if slot is None:
+                return False
+            stall_fifo = slot.stall_fifo
+            if stall_fifo is not None:
+                stall_fifo.pop(key, None)
+                stall_fifo[key] = now
+                self._lower_due(now + slot.stall)  # type: ignore[operator]
+            return True
+
+    def forget(self, key: K, *, remember: bool = True) -> bool:
+        """Stop tracking *key* (the abort path). Idempotent.
+
+        Args:
+            remember: keep the key among the concluded ones, so that a late ``observe``
+                does not re-track it. Pass False to allow the key to be reused at once.
+
+        Returns:
+            True if *key* was tracked.
+        """
+        with self._lock:
+            slot = self._where.get(key)
+            if slot is None:
+                if not remember:
+                    self._gone.pop(key, None)
+                elif key not in self._gone:
+                    self._bury(key, _CONCLUDED)
+                return False
+            self._leave(key, slot, self._clock())
+            self._untrack(key, _CONCLUDED)
+            if not remember:
+                self._gone.pop(key, None)
+            return True
+
+    def annotate(
+        self,
+        key: K,
+        *,
+        attributes: Mapping[str, Any] | None = None,
+        trace_parent: Any = None,
+        trace_links: Iterable[Any] | None = None,
+    ) -> bool:
+        """Attach telemetry to a tracked request, handed to hooks in its
+        :class:`~stallguard.Expiry`: span *attributes*, a parent span context
+        (*trace_parent*: an OpenTelemetry ``Context`` or ``SpanContext``) and span
+        contexts to link. Attributes merge with earlier ones.
+
+        Returns:
+            True if *key* is tracked; annotations on untracked keys are dropped (they
+            would otherwise leak).
+        """
+        with self._lock:
+            if key not in self._where:
+                return False
+            note = self._notes.get(key)
+            if note is None:
+                note = self._notes[key] = _Note()
+            if attributes:
+                note.attributes.update(attributes)
+            if trace_parent is not None:
+                note.parent = trace_parent
+            if trace_links is not None:
+                note.links = tuple(trace_links)
+            return True
+
+    # ------------------------------------------------------------------ deadlines
+
+    def check(self, now: float | None = None) -> list[Expiry[K]]:
+        """Expire every request that is overdue at *now* (default: the clock's now).
+
+        In ``"enforce"`` mode each overdue request is untracked, remembered as expired,
+        and handed to ``on_expire`` and to the instrumentation hooks, exactly once. In
+        ``"report"`` mode it stays tracked and is handed to the instrumentation hooks
+        once per deadline. A hook that raises is logged and counted; it never stops the
+        check or loses another expiry.
+
+        Cheap when nothing is due: one clock read and one comparison.
+
+        Returns:
+            The expiries, earliest deadline first.
+        """
+        if now is None:
+            now = self._clock()
+        if now < self._next_due:
+            return []
+        with self._lock:
+            expiries = self._collect(now)
+        if expiries:
+            self._dispatch(expiries)
+        return expiries
+
+    def next_deadline(self) -> float | None:
+        """The earliest time (on the watchdog's clock) at which a tracked request
+        becomes overdue, or None if no deadline is pending."""
+        with self._lock:
+            due = self._exact_due()
+            self._next_due = due
+        return None if due == _INF else due
+
+    def expired(self, key: K) -> bool:
+        """True if *key* was force-failed by this watchdog (and is still remembered)."""
+        return self._gone.get(key) is _EXPIRED
+
+    def state_of(self, key: K) -> State | None:
+        """The state *key* is tracked in, or None if it is not tracked."""
+        slot = self._where.get(key)
+        return None if slot is None else slot.state
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    def __repr__(self) -> str:
+        return (
+            f"<stallguard.Watchdog spec={self.spec.name!r} mode={self.mode!r} "
+            f"tracked={len(self._where)}>"
+        )
+
+    # ------------------------------------------------------------------ poll loops
+
+    def guard(
+        self,
+        *,
+        key: Callable[..., K],
+        failed: Any,
+        state: Callable[[Any], State] | Mapping[Any, State] | None = None,
+        check: bool = True,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Decorate a ``poll()``-style function or method that returns a state.
+
+        Each call observes the returned state for ``key(*args, **kwargs)`` (for a method,
+        the instance comes first); with *check* it then runs :meth:`check` (one
+        comparison when nothing is due). Once the key has been force-failed, the wrapper
+        returns *failed* instead of whatever the poll returned, every time it is called
+        (while the key is remembered). Terminal results untrack the key.
+
+        Args:
+            key: maps the call's arguments to the request key.
+            failed: what to return for a force-failed request (SGLang: ``KVPoll.Failed``).
+            state: maps the returned value to a spec state: a mapping or a callable
+                (SGLang's ``KVPoll`` returns plain ints). Default: the value itself.
+            check: run the deadline check on every call.
+
+        Example::
+
+            @watchdog.guard(key=lambda self: self.room, failed=KVPoll.Failed,
+                            state={0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput",
+                                   3: "Transferring", 4: "Success"})
+            def poll(self) -> int: ...
+        """
+        if not callable(key):
+            raise ConfigError(f"guard(key=...) must be a callable, got {key!r}")
+        if isinstance(state, Mapping):
+            mapping = dict(state)
+            for value in mapping.values():
+                if value not in self._slots:
+                    raise ConfigError(
+                        f"guard(state=...) maps to {value!r}, which spec "
+                        f"{self.spec.name!r} does not declare"
+                    )
+            to_state: Callable[[Any], State] | None = mapping.__getitem__
+        elif state is None or callable(state):
+            to_state = state
+        else:
+            raise ConfigError(f"guard(state=...) must be a mapping or a callable, got {state!r}")
+        where = self._where
+        slots = self._slots
+        gone = self._gone
+        observe = self.observe
+
+        def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+            @functools.wraps(fn)
+            def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+                result = fn(*args, **kwargs)
+                k = key(*args, **kwargs)
+                s = result if to_state is None else to_state(result)
+                if where.get(k) is not slots.get(s):
+                    observe(k, s)
+                if check:
+                    now = self._clock()
+                    if now >= self._next_due:
+                        self.check(now)
+                if gone.get(k) is _EXPIRED:
+                    return failed  # type: ignore[no-any-return]
+                return result
+
+            return guarded
+
+        return decorate
+
+    # ------------------------------------------------------------------ operators
+
+    def snapshot(self, *, requests: bool = True, now: float | None = None) -> Snapshot[K]:
+        """A consistent view: per-state counts and oldest age, and (with *requests*)
+        every tracked request with its state and time in state. O(tracked) with
+        *requests*, O(states) without."""
+        if now is None:
+            now = self._clock()
+        with self._lock:
+            states: dict[str, StateSummary] = {}
+            for slot in self._live:
+                oldest = self._oldest(slot)
+                states[slot.label] = StateSummary(
+                    state=slot.state,
+                    deadline=slot.deadline,
+                    count=len(slot.fifo) + len(slot.parked),  # type: ignore[arg-type]
+                    oldest_age=None if oldest is None else now - oldest,
+                )
+            tracked: list[TrackedRequest[K]] = []
+            if requests:
+                for slot in self._live:
+                    for source in (slot.parked, slot.fifo):
+                        for key, entered in source.items():  # type: ignore[union-attr]
+                            tracked.append(
+                                TrackedRequest(
+                                    key=key,
+                                    state=slot.state,
+                                    entered_at=entered,
+                                    age=now - entered,
+                                    remaining=None
+                                    if slot.seconds is None
+                                    else entered + slot.seconds - now,
+                                )
+                            )
+                tracked.sort(key=lambda r: r.entered_at)
+            return Snapshot(
+                spec=self.spec.name,
+                mode=self.mode,
+                at=now,
+                states=states,
+                requests=tuple(tracked),
+                tracked=len(self._where),
+                expired=self._expired,
+                hook_errors=self._hook_errors,
+                late_events=self._late,
+            )
+
+    # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _oldest(slot: _Slot) -> float | None:
+        oldest = None
+        if slot.fifo:
+            oldest = slot.fifo[next(iter(slot.fifo))]
+        if slot.parked:
+            parked = min(slot.parked.values())
+            oldest = parked if oldest is None else min(oldest, parked)
+        return oldest
+
+    def _unknown_state(self, key: K, state: object) -> None:
+        if self._raise_unknown:
+            raise UnknownStateError(
+                self.spec.name, key, state, tuple(s.label for s in self._slots.values())
+            )
+        with self._lock:
+            self._unknown += 1
+
+    def _lower_due(self, due: float) -> None:
+        if due < self._next_due:
+            self._next_due = due
+            waker = self.on_earlier_deadline
+            if waker is not None:
+                waker()
+
+    def _leave(self, key: K, slot: _Slot, now: float) -> None:
+        """Remove *key* from *slot*'s FIFOs (lock held)."""
+        entered = slot.fifo.pop(key, _MISSING)  # type: ignore[union-attr]
+        if entered is _MISSING:
+            entered = slot.parked.pop(key)
+        if slot.stall_fifo is not None:
+            slot.stall_fifo.pop(key, None)
+        on_leave = self.on_leave
+        if on_leave is not None:
+            try:
+                on_leave(slot.label, now - entered)
+            except Exception:
+                self._hook_errors += 1
+                log.exception("stallguard: on_leave hook failed")
+
+    def _untrack(self, key: K, how: bool) -> None:
+        """Drop every trace of a tracked *key* but its tombstone (lock held; the key
+        has already left its slot)."""
+        del self._where[key]
+        if self._born is not None:
+            self._born.pop(key, None)
+        if self._notes:
+            self._notes.pop(key, None)
+        self._bury(key, how)
+
+    def _bury(self, key: K, how: bool) -> None:
+        gone = self._gone
+        gone[key] = how
+        if len(gone) > self._memory:
+            gone.popitem(last=False)
+
+    def _exact_due(self) -> float:
+        due = _INF
+        for slot in self._timed:
+            fifo = slot.fifo
+            if fifo:
+                due = min(due, fifo[next(iter(fifo))] + slot.seconds)  # type: ignore[index,operator]
+        for slot in self._stalled:
+            stall_fifo = slot.stall_fifo
+            if stall_fifo:
+                due = min(due, stall_fifo[next(iter(stall_fifo))] + slot.stall)  # type: ignore[operator]
+        born = self._born
+        if born:
+            due = min(due, born[next(iter(born))] + self._lifetime)  # type: ignore[operator]
+        return due
+
+    def _collect(self, now: float) -> list[Expiry[K]]:
+        """Find and retire everything due at *now* (lock held)."""
+        # key -> (due, reason, slot-or-None, since, deadline); earliest due wins
+        found: dict[K, tuple[float, str, float, float]] = {}
+
+        def consider(key: K, due: float, reason: str, since: float, deadline: float) -> None:
+            prior = found.get(key)
+            if prior is None or due < prior[0]:
+                found[key] = (due, reason, since, deadline)
+
+        for slot in self._timed:
+            seconds = slot.seconds
+            for key, entered in slot.fifo.items():  # type: ignore[union-attr]
+                if entered + seconds > now:  # type: ignore[operator]
+                    break
+                consider(key, entered + seconds, "state", entered, seconds)  # type: ignore[operator, arg-type]
+        for slot in self._stalled:
+            stall = slot.stall
+            for key, beat in slot.stall_fifo.items():  # type: ignore[union-attr]
+                if beat + stall > now:  # type: ignore[operator]
+                    break
+                consider(key, beat + stall, "stall", beat, stall)  # type: ignore[operator, arg-type]
+        if self._born is not None:
+            lifetime = self._lifetime
+            for key, born in self._born.items():
+                if born + lifetime > now:  # type: ignore[operator]
+                    break
+                consider(key, born + lifetime, "lifetime", born, lifetime)  # type: ignore[operator, arg-type]
+
+        expiries: list[Expiry[K]] = []
+        enforce = self.mode == "enforce"
+        for key, (_due, reason, since, deadline) in sorted(found.items(), key=lambda kv: kv[1][0]):
+            slot = self._where[key]
+            note = self._notes.get(key)
+            expiries.append(
+                Expiry(
+                    key=key,
+                    spec=self.spec.name,
+                    state=slot.state,
+                    entered_at=since,
+                    elapsed=now - since,
+                    deadline=deadline,
+                    reason=reason,  # type: ignore[arg-type]
+                    mode=self.mode,
+                    attributes=dict(note.attributes) if note is not None else {},
+                    trace_parent=note.parent if note is not None else None,
+                    trace_links=note.links if note is not None else (),
+                )
+            )
+            if enforce:
+                self._leave(key, slot, now)
+                self._untrack(key, _EXPIRED)
+            elif reason == "state":
+                slot.parked[key] = slot.fifo.pop(key)  # type: ignore[union-attr]
+            elif reason == "stall":
+                slot.stall_fifo.pop(key)  # type: ignore[union-attr]
+            else:
+                self._born.pop(key)  # type: ignore[union-attr]
+        self._expired += len(expiries)
+        self._next_due = self._exact_due()
+        return expiries
+
+    def _dispatch(self, expiries: list[Expiry[K]]) -> None:
+        hooks: tuple[Callable[[Expiry[K]], object], ...] = _instrumentation._active_hooks()
+        if self.mode == "enforce":
+            hooks = self._enforce_hooks + hooks
+        for expiry in expiries:
+            for hook in hooks:
+                try:
+                    hook(expiry)
+                except Exception:
+                    with self._lock:
+                        self._hook_errors += 1
+                    log.exception(
+                        "stallguard: expiry hook %r failed for key %r (spec %s)",
+                        hook,
+                        expiry.key,
+                        expiry.spec,
+                    )

@@ -1,0 +1,97 @@
+"""Helpers for testing code that uses stallguard, deterministically.
+
+* :class:`FakeClock`: a clock you move by hand; pass it as ``Watchdog(clock=...)``.
+* :func:`record_expiries`: a context manager that collects every expiry, in place of
+  the process-wide instrumentation hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from ._details import Expiry
+from .instrumentation import _hooks, get_on_expire_hooks, set_on_expire_hooks
+
+__all__ = ["FakeClock", "record_expiries"]
+
+
+class FakeClock:
+    """A monotonic clock for tests: it only moves when told to.
+
+    Args:
+        start: the initial time in seconds.
+
+    Example::
+
+        clock = FakeClock()
+        watchdog = Watchdog(spec, clock=clock)
+        watchdog.observe("r1", "Transferring")
+        clock.advance(120)
+        assert [e.key for e in watchdog.check()] == ["r1"]
+    """
+
+    __slots__ = ("_lock", "_now")
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = self._valid("start", start)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _valid(name: str, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+        return float(value)
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> float:
+        """Move the clock forward by *seconds* (>= 0) and return the new time."""
+        seconds = self._valid("seconds", seconds)
+        if seconds < 0:
+            raise ValueError(f"a monotonic clock cannot go backwards: advance({seconds!r})")
+        with self._lock:
+            self._now += seconds
+            return self._now
+
+    def set(self, now: float) -> None:
+        """Set the clock to *now*, which must not be earlier than the current time."""
+        now = self._valid("now", now)
+        with self._lock:
+            if now < self._now:
+                raise ValueError(
+                    f"a monotonic clock cannot go backwards: set({now!r}) < {self._now!r}"
+                )
+            self._now = now
+
+    def __repr__(self) -> str:
+        return f"FakeClock({self._now!r})"
+
+
+@contextlib.contextmanager
+def record_expiries(*, keep_hooks: bool = False) -> Iterator[list[Expiry[Any]]]:
+    """Collect every expiry from every watchdog while the block runs.
+
+    Args:
+        keep_hooks: also run the hooks that were active (logging, OpenTelemetry);
+            by default they are replaced for the duration of the block.
+
+    Yields:
+        The list the expiries are appended to.
+    """
+    seen: list[Expiry[Any]] = []
+    previous = _hooks._configured
+    hooks: list[Any] = [seen.append]
+    if keep_hooks:
+        hooks.extend(get_on_expire_hooks())
+    set_on_expire_hooks(hooks)
+    try:
+        yield seen
+    finally:
+        set_on_expire_hooks(previous)
