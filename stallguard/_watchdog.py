@@ -420,6 +420,12 @@ class Watchdog(Generic[K]):
             raise ConfigError(f"guard(state=...) must be a mapping or a callable, got {state!r}")
         where = self._where
         slots = self._slots
+        spec_name = self.spec.name
+        known_values = (
+            tuple(f"{v!r} -> {state_label(st)}" for v, st in mapping.items())
+            if isinstance(state, Mapping)
+            else tuple(s.label for s in slots.values())
+        )
         gone = self._gone
         observe = self.observe
 
@@ -428,8 +434,15 @@ class Watchdog(Generic[K]):
             def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
                 result = fn(*args, **kwargs)
                 k = key(*args, **kwargs)
-                s = result if to_state is None else to_state(result)
-                if where.get(k) is not slots.get(s):
+                if to_state is None:
+                    s = result
+                else:
+                    try:
+                        s = to_state(result)
+                    except KeyError:
+                        raise UnknownStateError(spec_name, k, result, known_values) from None
+                slot = slots.get(s)
+                if slot is None or where.get(k) is not slot:
                     observe(k, s)
                 if check:
                     now = self._clock()
@@ -565,13 +578,17 @@ class Watchdog(Generic[K]):
 
     def _collect(self, now: float) -> list[Expiry[K]]:
         """Find and retire everything due at *now* (lock held)."""
-        # key -> (due, reason, slot-or-None, since, deadline); earliest due wins
-        found: dict[K, tuple[float, str, float, float]] = {}
+        # (key or (key, reason)) -> (due, reason, since, deadline)
+        found: dict[Any, tuple[float, str, float, float]] = {}
+        # Enforce: one expiry per key, the earliest deadline wins (the key is then gone).
+        # Report: every overdue (key, deadline) pair is reported, each once.
+        enforce = self.mode == "enforce"
 
         def consider(key: K, due: float, reason: str, since: float, deadline: float) -> None:
-            prior = found.get(key)
+            slot_key: Any = key if enforce else (key, reason)
+            prior = found.get(slot_key)
             if prior is None or due < prior[0]:
-                found[key] = (due, reason, since, deadline)
+                found[slot_key] = (due, reason, since, deadline)
 
         for slot in self._timed:
             seconds = slot.seconds
@@ -593,8 +610,10 @@ class Watchdog(Generic[K]):
                 consider(key, born + lifetime, "lifetime", born, lifetime)  # type: ignore[operator, arg-type]
 
         expiries: list[Expiry[K]] = []
-        enforce = self.mode == "enforce"
-        for key, (_due, reason, since, deadline) in sorted(found.items(), key=lambda kv: kv[1][0]):
+        for found_key, (_due, reason, since, deadline) in sorted(
+            found.items(), key=lambda kv: kv[1][0]
+        ):
+            key = found_key if enforce else found_key[0]
             slot = self._where[key]
             note = self._notes.get(key)
             expiries.append(
