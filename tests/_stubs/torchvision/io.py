@@ -1,0 +1,5 @@
+# Part of the test-only torchvision stand-in (see tests/_stubs/torchvision/__init__.py).
+from torchvision._stub import module_getattr
+
+__stallguard_stub__ = True
+__getattr__ = module_getattr(__name__)

@@ -1,0 +1,72 @@
+"""Run a module-level function under another interpreter (e.g. .venv-sglang0517's).
+
+The child runs `python -m sglang_support._runner IN OUT`: it unpickles
+("module:function", args, kwargs) from IN, calls it, and pickles ("ok", result) or
+("err", traceback) to OUT. Arguments and results must be plain picklable data that
+both interpreters can load. sglang_support is importable there through the
+`_stallguard_dev.pth` that tools/dev.py writes into both venvs.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ._env import REPO
+
+__all__ = ["SubprocessError", "run_in_python"]
+
+
+class SubprocessError(RuntimeError):
+    """The function raised in the child, the child crashed, or it timed out."""
+
+
+def run_in_python(
+    python: str | os.PathLike,
+    target: str,
+    *,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> Any:
+    """Call `target` ("package.module:function") with `args`/`kwargs` in a fresh
+    `python` process and return its result. Raises SubprocessError with the child's
+    traceback and output tail on failure, or after killing it at `timeout` seconds."""
+    if ":" not in target:
+        raise ValueError(f"target must be 'module:function', got {target!r}")
+    with tempfile.TemporaryDirectory(prefix="sglang-support-") as tmp:
+        inp, out = Path(tmp, "in.pickle"), Path(tmp, "out.pickle")
+        inp.write_bytes(pickle.dumps((target, tuple(args), dict(kwargs or {}))))
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        cmd = [str(python), "-m", "sglang_support._runner", str(inp), str(out)]
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=REPO,
+                env=full_env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                errors="replace",
+            )
+        except subprocess.TimeoutExpired as e:
+            tail = (e.stderr or "")[-4000:] if isinstance(e.stderr, str) else ""
+            raise SubprocessError(
+                f"{target} under {python} did not finish within {timeout}s "
+                f"(killed)\n--- stderr tail:\n{tail}"
+            ) from None
+        output = f"--- stdout tail:\n{proc.stdout[-3000:]}\n--- stderr tail:\n{proc.stderr[-6000:]}"
+        if not out.exists():
+            raise SubprocessError(
+                f"{target} under {python} exited {proc.returncode} without a result\n{output}"
+            )
+        status, payload = pickle.loads(out.read_bytes())
+        if status != "ok":
+            raise SubprocessError(f"{target} under {python} raised:\n{payload}\n{output}")
+        return payload

@@ -1,0 +1,485 @@
+#!/usr/bin/env python3
+"""Reproducible developer environment for stallguard (stdlib only, Python 3.11).
+
+    python3 tools/dev.py env                 create/update .venv and .venv-sglang0517
+    python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
+
+`env` is idempotent: every step has a key (a hash of its inputs: this file, the
+constraints files, the relevant pyproject.toml files, ...) recorded in a stamp file
+inside the venv, and a step whose key is unchanged is skipped.  A no-op run takes
+well under a second.
+
+What gets installed (always with `-c tools/constraints.txt`, which pins torch==2.13.0,
+the local CPU wheel; any other torch pulls gigabytes of CUDA wheels; torchvision is
+never installed):
+
+* sglang==0.5.23 (--no-deps) plus the minimal dependency list that lets its
+  disaggregation modules import on CPU (shared/notes/sglang.md section 11);
+* the real KV transfer engines: nixl==1.5.2 + nixl-cu12==1.5.1 (--no-deps) and
+  mooncake-transfer-engine-non-cuda==0.3.13.post1 (+ the system lib libibverbs1);
+* test tooling (pytest, hypothesis, ...);
+* the project itself, editable, when its pyproject.toml files exist;
+* `.venv-sglang0517`: an overlay venv whose own site-packages only holds
+  sglang==0.5.17 and the pins of 0.5.17 that differ from 0.5.23; a .pth file appends
+  .venv's site-packages for everything else (torch, engines, tooling, the project).
+
+Both venvs get `_stallguard_dev.pth`, which puts tests/_stubs (triton and torchvision
+stand-ins) and tests/ (for `import sglang_support`) on sys.path and activates the
+triton stub, so spawned subprocesses see the same environment.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / "tools"
+VENV = ROOT / ".venv"
+VENV0517 = ROOT / ".venv-sglang0517"
+CONSTRAINTS = TOOLS / "constraints.txt"
+CONSTRAINTS0517 = TOOLS / "constraints-sglang0517.txt"
+STUBS = ROOT / "tests" / "_stubs"
+TESTS = ROOT / "tests"
+STAMP_NAME = ".stallguard-dev-stamps.json"
+LOCK = ROOT / ".venv.lock"  # serialises concurrent `env` runs in this checkout
+PTH_NAME = "_stallguard_dev.pth"
+# Sorts before _stallguard_dev.pth, so .venv's site-packages lands on sys.path
+# before tests/ (nothing in tests/ may shadow an installed package).
+OVERLAY_PTH_NAME = "_0_sglang0517_overlay.pth"
+PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
+
+SGLANG = "sglang==0.5.23"
+# shared/notes/sglang.md section 11 (the 14 base deps, then what common.conn,
+# mooncake.conn, prefill and decode need). setproctitle/uvicorn/fastapi are needed
+# to import sglang.srt.managers.scheduler (both versions).
+SGLANG_DEPS = [
+    "torch==2.13.0",
+    "numpy",
+    "orjson",
+    "psutil",
+    "pybase64",
+    "requests",
+    "packaging",
+    "pillow",
+    "starlette",
+    "msgspec",
+    "pydantic",
+    "pyzmq",
+    "tqdm",
+    "IPython",
+    "aiohttp",
+    "transformers==5.19.0",
+    "dill",
+    "apache-tvm-ffi==0.1.11",
+    "sentencepiece==0.2.1",
+    "compressed-tensors==0.18.0",
+    "gguf",
+    "prometheus-client",
+    "openai==2.8.0",
+    "partial-json-parser",
+    "einops",
+    "setproctitle",
+    "uvicorn",
+    "fastapi",
+]
+NIXL = ["nixl==1.5.2", "nixl-cu12==1.5.1"]
+MOONCAKE = ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]
+TOOLING = [
+    "pytest",
+    "hypothesis",
+    "pytest-timeout",
+    "opentelemetry-api",
+    "opentelemetry-sdk",
+    "attrs",
+    "anyio",
+    "trio",
+    "transitions",
+    "matplotlib",
+    "ruff",
+    "prometheus-client",
+]
+EDITABLE = [ROOT, ROOT / "adapters" / "sglang"]
+# .venv-sglang0517 holds only these (all --no-deps); shared/notes/sglang-0.5.17.md s6.
+# transformers/openai: 0.5.17 pins versions that differ from the ones in .venv (it does
+# not import with transformers 5.19.0: "'qwen3_asr' is already used by a Transformers
+# config"); transformers 5.12.1 in turn needs tokenizers<=0.23.0 (.venv has 0.23.2).
+SGLANG0517 = [
+    "sglang==0.5.17",
+    "xgrammar==0.2.1",
+    "transformers==5.12.1",
+    "openai==2.6.1",
+    "tokenizers==0.22.2",
+]
+# Packages that must never be present (they drag in CUDA torch / GBs of wheels).
+FORBIDDEN = ["torchvision", "triton"]
+
+QUIET_PIP = ["-q", "--no-input", "--disable-pip-version-check", "--no-warn-conflicts"]
+
+
+class StepError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[dev] {msg}", flush=True)
+
+
+# pip warns once per package about the machine's file:// extra indexes that lack it.
+NOISE = re.compile(r"^WARNING: Location 'file://.*' is ignored: it is neither a file nor a dir")
+
+
+def run(cmd: list[str | os.PathLike], *, env: dict | None = None, check: bool = True) -> int:
+    """Run `cmd` in ROOT, streaming its output minus known noise lines."""
+    cmd = [str(c) for c in cmd]
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    with subprocess.Popen(
+        cmd,
+        env=full_env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if not NOISE.match(line):
+                sys.stdout.write(line)
+        rc = proc.wait()
+    sys.stdout.flush()
+    if check and rc != 0:
+        raise StepError(f"command failed (exit {rc}): {' '.join(cmd)}")
+    return rc
+
+
+def sha(*parts: object) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        if isinstance(p, Path):
+            h.update(str(p).encode())
+            h.update(p.read_bytes() if p.is_file() else b"<absent>")
+        else:
+            h.update(repr(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def site_packages(venv: Path) -> Path:
+    return venv / "lib" / PY / "site-packages"
+
+
+def pip(*args: str | os.PathLike, constraints: Path = CONSTRAINTS) -> None:
+    run([venv_python(VENV), "-m", "pip", "install", *QUIET_PIP, "-c", constraints, *args])
+
+
+# --------------------------------------------------------------------------- stamps
+
+
+class Stamps:
+    def __init__(self, venv: Path):
+        self.path = venv / STAMP_NAME
+        try:
+            self.data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+
+    def fresh(self, step: str, key: str) -> bool:
+        return self.data.get(step) == key
+
+    def record(self, step: str, key: str) -> None:
+        self.data[step] = key
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+
+    def forget(self) -> None:
+        self.data = {}
+        self.path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def base_key() -> str:
+    """What every install step of .venv depends on."""
+    return sha("v1", sys.version, Path(__file__).resolve(), CONSTRAINTS)
+
+
+def pth_text() -> str:
+    return (
+        "# Written by tools/dev.py: test-only stand-ins (tests/_stubs) and tests/ on sys.path.\n"
+        f"{STUBS}\n{TESTS}\nimport _stallguard_stubs\n"
+    )
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    if path.is_file() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def ensure_venv(venv: Path, *, with_pip: bool) -> bool:
+    """Create `venv` if it has no working interpreter. Returns True if created."""
+    py = venv_python(venv)
+    if py.exists():
+        probe = subprocess.run(
+            [str(py), "-c", "import sys; print(sys.version)"], capture_output=True, text=True
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == sys.version.strip():
+            return False
+        log(f"{venv.name}: interpreter mismatch or broken, recreating")
+        shutil.rmtree(venv)
+    cmd = [sys.executable, "-m", "venv", str(venv)]
+    if not with_pip:
+        cmd.insert(3, "--without-pip")
+    run(cmd)
+    return True
+
+
+def have_libibverbs() -> bool:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    except OSError:
+        out = ""
+    if "libibverbs.so.1" in out:
+        return True
+    return any(
+        Path(d, "libibverbs.so.1").exists()
+        for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+    )
+
+
+def step_libibverbs() -> str:
+    if have_libibverbs():
+        return "present"
+    if os.geteuid() != 0:
+        return (
+            "SKIPPED: libibverbs1 missing and not root; mooncake.engine will not import "
+            "(run `apt-get install -y libibverbs1` as root)"
+        )
+    if shutil.which("apt-get") is None:
+        return "SKIPPED: libibverbs1 missing and no apt-get; mooncake.engine will not import"
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "libibverbs1"], env=env)
+    if not have_libibverbs():
+        raise StepError("apt-get installed libibverbs1 but libibverbs.so.1 is still not found")
+    return "installed"
+
+
+def check_forbidden(venv: Path) -> None:
+    sp = site_packages(venv)
+    bad = [n for n in FORBIDDEN if list(sp.glob(f"{n}-*.dist-info"))]
+    if bad:
+        raise StepError(
+            f"{venv.name} contains {', '.join(bad)} (a CUDA-torch trap / real package that "
+            f"tests/_stubs stands in for); remove it: {venv_python(venv)} -m pip uninstall -y "
+            + " ".join(bad)
+        )
+    torch_di = list(sp.glob("torch-*.dist-info"))
+    if venv == VENV and [d.name for d in torch_di] != ["torch-2.13.0+cpu.dist-info"]:
+        found = [d.name for d in torch_di]
+        raise StepError(f"expected exactly torch 2.13.0+cpu in .venv, found {found}")
+
+
+def env_command() -> int:
+    """Build/refresh both venvs; serialised across concurrent callers by a file lock."""
+    with open(LOCK, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another `tools/dev.py env` to finish (lock {LOCK.name})")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _env_locked()
+
+
+def _env_locked() -> int:
+    t_all = time.monotonic()
+    ran = 0
+    skipped = 0
+    deferred: list[str] = []
+
+    def step(name: str, key: str | None, fn, stamps: Stamps, *, defer_failure=False) -> None:
+        nonlocal ran, skipped
+        if key is not None and stamps.fresh(name, key):
+            skipped += 1
+            return
+        t0 = time.monotonic()
+        try:
+            detail = fn()
+        except StepError as e:
+            if not defer_failure:
+                raise
+            # Keep building the rest of the environment; fail at the end (not stamped,
+            # so the next run retries).
+            log(f"{name}: FAILED after {time.monotonic() - t0:.1f}s: {e}")
+            deferred.append(f"{name}: {e}")
+            return
+        ran += 1
+        if key is not None:
+            stamps.record(name, key)
+        extra = f" ({detail})" if detail else ""
+        log(f"{name}: done in {time.monotonic() - t0:.1f}s{extra}")
+
+    # ---- .venv
+    t0 = time.monotonic()
+    if ensure_venv(VENV, with_pip=True):
+        log(f"venv: created {VENV} in {time.monotonic() - t0:.1f}s")
+        Stamps(VENV).forget()
+        ran += 1
+    stamps = Stamps(VENV)
+    bk = base_key()
+    step("sglang", sha(bk, SGLANG), lambda: pip("--no-deps", SGLANG), stamps)
+    step("sglang-deps", sha(bk, SGLANG_DEPS), lambda: pip(*SGLANG_DEPS), stamps)
+    step("nixl", sha(bk, NIXL), lambda: pip("--no-deps", *NIXL), stamps)
+    step("mooncake", sha(bk, MOONCAKE), lambda: pip(*MOONCAKE), stamps)
+    # System library: checked every run (cheap), never stamped.
+    if not have_libibverbs():
+        step("libibverbs1", None, step_libibverbs, stamps)
+    step("tooling", sha(bk, TOOLING), lambda: pip(*TOOLING), stamps)
+    for proj in EDITABLE:
+        pyproject = proj / "pyproject.toml"
+        if not pyproject.is_file():
+            continue
+        rel = proj.relative_to(ROOT).as_posix() or "."
+        step(
+            f"editable {rel}",
+            sha(bk, pyproject, proj / "setup.py", proj / "setup.cfg"),
+            lambda proj=proj: pip("-e", proj),
+            stamps,
+            defer_failure=True,
+        )
+    if write_if_changed(site_packages(VENV) / PTH_NAME, pth_text()):
+        log(f"stubs: wrote {site_packages(VENV) / PTH_NAME}")
+    step("verify .venv", sha(stamps.data), lambda: check_forbidden(VENV), stamps)
+
+    # ---- .venv-sglang0517 (overlay on .venv)
+    t0 = time.monotonic()
+    if ensure_venv(VENV0517, with_pip=False):
+        log(f"venv: created {VENV0517} in {time.monotonic() - t0:.1f}s")
+        Stamps(VENV0517).forget()
+        ran += 1
+    st0517 = Stamps(VENV0517)
+    overlay = site_packages(VENV0517) / OVERLAY_PTH_NAME
+    overlay_text = (
+        "# Written by tools/dev.py: everything not installed here comes from .venv.\n"
+        f"import site; site.addsitedir({str(site_packages(VENV))!r})\n"
+    )
+
+    def install0517() -> str:
+        # Without the overlay, pip neither sees nor touches .venv's sglang 0.5.23.
+        overlay.unlink(missing_ok=True)
+        run(
+            [
+                venv_python(VENV),
+                "-m",
+                "pip",
+                "--python",
+                venv_python(VENV0517),
+                "install",
+                *QUIET_PIP,
+                "--no-deps",
+                "-c",
+                CONSTRAINTS0517,
+                *SGLANG0517,
+            ]
+        )
+        return ""
+
+    key0517 = sha("v1", sys.version, Path(__file__).resolve(), CONSTRAINTS0517, SGLANG0517)
+    step("sglang0517", key0517, install0517, st0517)
+    write_if_changed(overlay, overlay_text)
+    write_if_changed(site_packages(VENV0517) / PTH_NAME, pth_text())
+
+    def verify0517() -> str:
+        check_forbidden(VENV0517)
+        out = subprocess.run(
+            [
+                str(venv_python(VENV0517)),
+                "-c",
+                "import sglang, torch; print(sglang.__version__, torch.__version__)",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        if out.returncode != 0 or not out.stdout.split() or out.stdout.split()[0] != "0.5.17":
+            raise StepError(
+                f"{VENV0517.name} does not import sglang 0.5.17:\n"
+                f"{out.stdout}\n{out.stderr[-3000:]}"
+            )
+        return "sglang {} torch {}".format(*out.stdout.split()[:2])
+
+    step(
+        "verify .venv-sglang0517",
+        sha(st0517.data, stamps.data, overlay_text, pth_text()),
+        verify0517,
+        st0517,
+    )
+
+    total = time.monotonic() - t_all
+    if deferred:
+        log(f"env: FAILED after {total:.1f}s; everything else is installed. Failed steps:")
+        for d in deferred:
+            log(f"  {d}")
+        return 1
+    if ran:
+        log(f"env: ready in {total:.1f}s ({ran} steps run, {skipped} up to date)")
+    else:
+        log(f"env: up to date ({total:.2f}s)")
+    return 0
+
+
+def test_command(args: list[str]) -> int:
+    rc = env_command()
+    if rc:
+        return rc
+    cmd = [str(venv_python(VENV)), "-m", "pytest", *args]
+    log("test: " + " ".join(cmd))
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc == 5:
+        log("test: pytest collected no tests (exit 5) -- treated as a failure")
+    return rc
+
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "env":
+            if rest:
+                print(f"env takes no arguments\n{USAGE}", file=sys.stderr)
+                return 2
+            return env_command()
+        if cmd == "test":
+            return test_command(rest)
+    except StepError as e:
+        log(f"FAILED: {e}")
+        return 1
+    print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
