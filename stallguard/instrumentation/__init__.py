@@ -1,10 +1,19 @@
 """Instrumentation: what happens, besides enforcement, when a request expires.
 
 Every watchdog hands each :class:`~stallguard.Expiry` to the process-wide hooks set
-here, in both ``enforce`` and ``report`` mode. By default: a logging hook and, since
-``opentelemetry-api`` is a dependency, an OpenTelemetry span hook (a no-op until an SDK
-is configured). :func:`set_on_expire_hooks` replaces them; ``None`` restores the
-defaults; ``[]`` disables instrumentation.
+here, in both ``enforce`` and ``report`` mode, after its own ``on_expire``. The defaults
+are chosen by what is importable: :data:`LoggingOnExpireHook` always, and
+:data:`OpenTelemetryOnExpireHook` when ``opentelemetry`` is importable (it is a
+dependency; a no-op until the application installs an SDK).
+
+* :func:`set_on_expire_hooks` replaces them; ``None`` restores the defaults; ``[]``
+  disables them. :func:`get_on_expire_hooks` returns them.
+* :func:`opentelemetry_on_expire_hook` builds a span hook on an explicit tracer
+  provider.
+* :func:`enable_metrics` / :func:`disable_metrics` switch the OpenTelemetry metrics
+  (expiry counter, state duration histogram, per-state gauges), off by default.
+
+See docs/instrumentation.md.
 """
 
 from ._hooks import (
@@ -21,14 +30,40 @@ from ._hooks import (
     _register_watchdog as _register_watchdog,
 )
 from ._logging import LoggingOnExpireHook
-from ._otel import OpenTelemetryOnExpireHook
+from ._metrics import (
+    DEFAULT_STATE_DURATION_BUCKETS,
+    METRIC_EXPIRIES,
+    METRIC_OLDEST_AGE,
+    METRIC_REQUESTS,
+    METRIC_STATE_DURATION,
+    disable_metrics,
+    enable_metrics,
+)
+from ._otel import (
+    INSTRUMENTATION_SCOPE,
+    SPAN_FORCED_FAILURE,
+    SPAN_STALL_REPORTED,
+    OpenTelemetryOnExpireHook,
+    opentelemetry_on_expire_hook,
+)
 
 __all__ = [
+    "DEFAULT_STATE_DURATION_BUCKETS",
+    "INSTRUMENTATION_SCOPE",
+    "METRIC_EXPIRIES",
+    "METRIC_OLDEST_AGE",
+    "METRIC_REQUESTS",
+    "METRIC_STATE_DURATION",
+    "SPAN_FORCED_FAILURE",
+    "SPAN_STALL_REPORTED",
     "ExpiryHook",
     "ExpiryHookFactory",
     "LoggingOnExpireHook",
     "OpenTelemetryOnExpireHook",
+    "disable_metrics",
+    "enable_metrics",
     "get_on_expire_hooks",
     "live_watchdogs",
+    "opentelemetry_on_expire_hook",
     "set_on_expire_hooks",
 ]

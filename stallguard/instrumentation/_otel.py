@@ -1,47 +1,112 @@
-"""The OpenTelemetry span hook (needs only ``opentelemetry-api``)."""
+"""The OpenTelemetry span hook (needs only ``opentelemetry-api``).
+
+Nothing here imports OpenTelemetry until the first expiry (or an explicit
+:func:`~stallguard.instrumentation.get_on_expire_hooks`): the hook is an
+:class:`ExpiryHookFactory`.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from .._errors import ConfigError
 from ._hooks import ExpiryHook, ExpiryHookFactory
 
-__all__ = ["OpenTelemetryOnExpireHook", "SPAN_FORCED_FAILURE", "SPAN_STALL_REPORTED"]
+if TYPE_CHECKING:
+    from .._details import Expiry
 
+__all__ = [
+    "SPAN_FORCED_FAILURE",
+    "SPAN_STALL_REPORTED",
+    "OpenTelemetryOnExpireHook",
+    "opentelemetry_on_expire_hook",
+]
+
+log = logging.getLogger("stallguard")
+
+#: Name of the span emitted for an enforced expiry (status ``ERROR``).
 SPAN_FORCED_FAILURE = "stallguard.forced_failure"
+#: Name of the span emitted for an expiry in ``report`` mode (status unset).
 SPAN_STALL_REPORTED = "stallguard.stall_reported"
 
+#: The OpenTelemetry instrumentation scope of every span and metric.
+INSTRUMENTATION_SCOPE = "stallguard"
 
-def _init_otel_hook() -> ExpiryHook:
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
 
+def _scope_version() -> str | None:
     try:
-        from .. import __version__ as version
-    except Exception:  # pragma: no cover - metadata missing in a raw checkout
-        version = None
-    tracer = trace.get_tracer("stallguard", version)
+        from .. import __version__
+    except Exception:  # pragma: no cover - metadata unreadable
+        return None
+    return str(__version__)
+
+
+def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
+    from opentelemetry import propagate, trace
+    from opentelemetry.context import Context
+
+    tracer = trace.get_tracer(
+        INSTRUMENTATION_SCOPE, _scope_version(), tracer_provider=tracer_provider
+    )
+    start_span = tracer.start_span
     set_span_in_context = trace.set_span_in_context
+    get_current_span = trace.get_current_span
     NonRecordingSpan = trace.NonRecordingSpan
     SpanContext = trace.SpanContext
+    Span = trace.Span
     Link = trace.Link
-    Status = trace.Status
-    StatusCode = trace.StatusCode
+    error = trace.StatusCode.ERROR
+    time_ns = time.time_ns
 
-    def _parent(parent: Any) -> Any:
-        if parent is None:
-            return None
+    def parent_context(parent: Any) -> Context:
+        # Always built on an empty context: a span for a stalled request must not
+        # become the child of whatever span is current in the loop that ran check().
+        if isinstance(parent, Context):
+            return parent
         if isinstance(parent, SpanContext):
-            return set_span_in_context(NonRecordingSpan(parent))
-        if isinstance(parent, trace.Span):
-            return set_span_in_context(parent)
-        return parent  # an opentelemetry.context.Context
+            return set_span_in_context(NonRecordingSpan(parent), Context())
+        if isinstance(parent, Span):
+            return set_span_in_context(parent, Context())
+        if isinstance(parent, Mapping):  # a propagation carrier, e.g. W3C traceparent
+            return propagate.extract(parent, context=Context())
+        log.warning(
+            "stallguard: ignoring trace_parent %r: expected an OpenTelemetry Context, "
+            "SpanContext, Span, or a propagation carrier mapping",
+            parent,
+        )
+        return Context()
 
-    def emit_span(expiry: Any) -> None:
-        end_ns = time.time_ns()
+    def link(target: Any) -> Any:
+        if isinstance(target, Link):
+            return target
+        if isinstance(target, SpanContext):
+            return Link(target)
+        if isinstance(target, Span):
+            return Link(target.get_span_context())
+        if isinstance(target, Mapping):  # a Context, or a propagation carrier
+            ctx = target if isinstance(target, Context) else propagate.extract(target)
+            return Link(get_current_span(ctx).get_span_context())
+        log.warning(
+            "stallguard: ignoring trace link %r: expected an OpenTelemetry Link, "
+            "SpanContext, Span, Context, or a propagation carrier mapping",
+            target,
+        )
+        return None
+
+    def emit_span(expiry: Expiry[Any]) -> None:
+        # The watchdog clock (monotonic, or a test's FakeClock) is converted to epoch
+        # time by distance from now: the span ends now, right after the check that
+        # found the expiry, and starts `elapsed` seconds earlier, when the clock that
+        # fired started (state entry, last progress, or first sight).
+        end_ns = time_ns()
         start_ns = end_ns - int(expiry.elapsed * 1e9)
-        links = [link if isinstance(link, Link) else Link(link) for link in expiry.trace_links]
+        parent = expiry.trace_parent
+        links = None
+        if expiry.trace_links:
+            links = [x for x in map(link, expiry.trace_links) if x is not None]
         attributes = {
             "stallguard.spec": expiry.spec,
             "stallguard.key": str(expiry.key),
@@ -51,22 +116,60 @@ def _init_otel_hook() -> ExpiryHook:
             "stallguard.reason": expiry.reason,
             "stallguard.mode": expiry.mode,
         }
-        attributes.update(expiry.attributes)
-        span = tracer.start_span(
-            SPAN_FORCED_FAILURE if expiry.enforced else SPAN_STALL_REPORTED,
-            context=_parent(expiry.trace_parent) or otel_context.Context(),
-            links=links,
+        if expiry.attributes:  # the user's first: stallguard's own names win
+            attributes = {**expiry.attributes, **attributes}
+        enforced = expiry.mode == "enforce"
+        span = start_span(
+            SPAN_FORCED_FAILURE if enforced else SPAN_STALL_REPORTED,
+            context=Context() if parent is None else parent_context(parent),
             attributes=attributes,
+            links=links,
             start_time=start_ns,
         )
-        if expiry.enforced:
-            span.set_status(Status(StatusCode.ERROR, expiry.describe()))
+        if enforced and span.is_recording():
+            span.set_status(error, expiry.describe())
         span.end(end_time=end_ns)
 
     return emit_span
 
 
-#: Emits one span per expiry: ``stallguard.forced_failure`` (status ERROR) in enforce
-#: mode, ``stallguard.stall_reported`` in report mode. The span starts when the clock
-#: that fired started (state entry, last progress or first sight) and ends at the check.
-OpenTelemetryOnExpireHook = ExpiryHookFactory(_init_otel_hook)
+def opentelemetry_on_expire_hook(*, tracer_provider: Any = None) -> ExpiryHookFactory:
+    """An OpenTelemetry span hook, as a factory for :func:`set_on_expire_hooks`.
+
+    Each expiry emits one span: ``stallguard.forced_failure`` with status ``ERROR`` (and
+    :meth:`~stallguard.Expiry.describe` as the status description) in ``enforce`` mode,
+    ``stallguard.stall_reported`` with status unset in ``report`` mode. The span is
+    back-dated: it starts when the clock that fired started (the state entry for reason
+    ``"state"``, the last progress for ``"stall"``, the first sight for ``"lifetime"``)
+    and ends at the check, so its duration is :attr:`~stallguard.Expiry.elapsed`.
+
+    Attributes: ``stallguard.spec``, ``stallguard.key`` (``str`` of the key),
+    ``stallguard.state``, ``stallguard.deadline_s``, ``stallguard.elapsed_s``,
+    ``stallguard.reason``, ``stallguard.mode``, plus the user's attributes from
+    :meth:`~stallguard.Watchdog.annotate` (which cannot override the ``stallguard.*``
+    ones). The parent is the request's ``trace_parent`` (a ``Context``,
+    ``SpanContext``, ``Span``, or a propagation carrier such as
+    ``{"traceparent": "00-..."}``); without one the span is a root span, never the child
+    of whatever span is current where ``check()`` runs. ``trace_links`` become span links.
+
+    Args:
+        tracer_provider: the ``TracerProvider`` to use; None (the default) uses the
+            global one, the one current at each expiry. While no SDK is installed the
+            global provider is the API's no-op proxy and the hook costs about what the
+            API's no-op ``start_span()`` costs: nothing that only a recording span needs
+            (the status description) is computed (figures in docs/instrumentation.md).
+
+    Raises:
+        ConfigError: if *tracer_provider* has no ``get_tracer()`` method.
+    """
+    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
+        raise ConfigError(
+            f"opentelemetry_on_expire_hook(tracer_provider=...) must be an OpenTelemetry "
+            f"TracerProvider or None, got {tracer_provider!r}"
+        )
+    return ExpiryHookFactory(lambda: _init_otel_hook(tracer_provider))
+
+
+#: The OpenTelemetry span hook on the global tracer provider (a default); see
+#: :func:`opentelemetry_on_expire_hook` for the span it emits.
+OpenTelemetryOnExpireHook = opentelemetry_on_expire_hook()

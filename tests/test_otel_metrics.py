@@ -1,0 +1,308 @@
+"""OpenTelemetry metrics (enable_metrics), against the real SDK and its in-memory reader.
+
+Every test passes its own MeterProvider (no global provider is set), uses spec names of
+its own (the gauges read every live watchdog of the process), and moves a FakeClock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import stallguard as sg
+from stallguard import instrumentation as si
+from stallguard.testing import FakeClock
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    si.disable_metrics()
+    yield
+    si.disable_metrics()
+    si.set_on_expire_hooks(None)
+
+
+@pytest.fixture
+def reader():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    si.set_on_expire_hooks([])  # metrics only: no logging noise, no spans
+    si.enable_metrics(provider)
+    yield reader
+    provider.shutdown()
+
+
+def spec(name: str) -> sg.Spec:
+    return sg.Spec(
+        name=name,
+        deadlines={"Bootstrapping": 300, "Transferring": sg.Deadline(120, stall=30)},
+        terminal=["Success", "Failed"],
+    )
+
+
+def points(reader: InMemoryMetricReader, name: str, spec_name: str) -> dict:
+    """attributes (without the spec) -> data point, for one metric and one spec."""
+    found = {}
+    data = reader.get_metrics_data()
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            assert scope_metrics.scope.name == "stallguard"
+            for metric in scope_metrics.metrics:
+                if metric.name != name:
+                    continue
+                for point in metric.data.data_points:
+                    attributes = dict(point.attributes)
+                    if attributes.pop("stallguard.spec") == spec_name:
+                        found[tuple(sorted(attributes.items()))] = point
+    return found
+
+
+def by_state(found: dict) -> dict:
+    return {dict(k)["stallguard.state"]: v for k, v in found.items()}
+
+
+def test_expiry_counter_by_spec_state_reason_mode(reader):
+    clock = FakeClock()
+    enforcing = sg.Watchdog(spec("m_count"), clock=clock)
+    reporting = sg.Watchdog(spec("m_count"), clock=clock, mode="report")
+    for watchdog in (enforcing, reporting):
+        watchdog.observe("a", "Bootstrapping")
+        watchdog.observe("b", "Bootstrapping")
+        watchdog.observe("c", "Transferring")
+    clock.advance(300)
+    expiries = enforcing.check() + reporting.check()
+
+    found = points(reader, si.METRIC_EXPIRIES, "m_count")
+    counted = {
+        (dict(k)["stallguard.mode"], dict(k)["stallguard.reason"], dict(k)["stallguard.state"]): (
+            p.value
+        )
+        for k, p in found.items()
+    }
+    # Exactly what check() returned, grouped by mode, reason and state...
+    assert counted == Counter((e.mode, e.reason, e.state_label) for e in expiries)
+    # ...which, in enforce mode, is one expiry per request.
+    assert {k: v for k, v in counted.items() if k[0] == "enforce"} == {
+        ("enforce", "state", "Bootstrapping"): 2,
+        ("enforce", "stall", "Transferring"): 1,
+    }
+    assert {k for k in counted if k[0] == "report"} >= {
+        ("report", "state", "Bootstrapping"),
+        ("report", "stall", "Transferring"),
+    }
+
+
+def test_counter_is_kept_when_hooks_are_replaced_or_disabled(reader):
+    seen = []
+    si.set_on_expire_hooks([seen.append])
+    si.set_on_expire_hooks([])
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_keep"), clock=clock)
+    watchdog.observe("a", "Bootstrapping")
+    clock.advance(300)
+    watchdog.check()
+    (point,) = points(reader, si.METRIC_EXPIRIES, "m_keep").values()
+    assert point.value == 1
+    assert seen == []
+
+
+def test_state_duration_histogram(reader):
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_hist"), clock=clock)
+    watchdog.observe("a", "Bootstrapping")
+    watchdog.observe("b", "Bootstrapping")
+    watchdog.observe("c", "Bootstrapping")
+    clock.advance(2)
+    watchdog.observe("a", "Transferring")  # left Bootstrapping after 2 s
+    clock.advance(0.5)
+    watchdog.forget("b")  # left Bootstrapping after 2.5 s
+    watchdog.heartbeat("a")
+    clock.advance(25)
+    watchdog.observe("a", "Success")  # left Transferring after 25.5 s
+    clock.advance(275)
+    assert [e.key for e in watchdog.check()] == ["c"]  # left Bootstrapping after 302.5 s
+
+    found = by_state(points(reader, si.METRIC_STATE_DURATION, "m_hist"))
+    boot, transferring = found["Bootstrapping"], found["Transferring"]
+    assert (boot.count, boot.sum, boot.min, boot.max) == (3, 2 + 2.5 + 302.5, 2, 302.5)
+    assert (transferring.count, transferring.sum) == (1, 25.5)
+    bounds = list(si.DEFAULT_STATE_DURATION_BUCKETS)
+    assert list(boot.explicit_bounds) == bounds
+    expected = [0] * (len(bounds) + 1)
+    for value in (2, 2.5, 302.5):
+        expected[next((i for i, b in enumerate(bounds) if value <= b), len(bounds))] += 1
+    assert list(boot.bucket_counts) == expected
+    assert expected[bounds.index(2.5)] == 2  # (1, 2.5] holds 2 and 2.5
+
+
+def test_custom_buckets():
+    reader = InMemoryMetricReader()
+    si.set_on_expire_hooks([])
+    si.enable_metrics(MeterProvider(metric_readers=[reader]), state_duration_buckets=[1, 10, 100])
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_buckets"), clock=clock)
+    watchdog.observe("a", "Bootstrapping")
+    clock.advance(50)
+    watchdog.observe("a", "Failed")
+    (point,) = points(reader, si.METRIC_STATE_DURATION, "m_buckets").values()
+    assert list(point.explicit_bounds) == [1, 10, 100]
+    assert list(point.bucket_counts) == [0, 0, 1, 0]
+
+
+def test_gauges_sum_counts_and_max_ages_over_a_specs_watchdogs(reader):
+    clock_one, clock_two = FakeClock(100), FakeClock(7000)
+    one = sg.Watchdog(spec("m_gauge"), clock=clock_one)  # e.g. one per engine
+    two = sg.Watchdog(spec("m_gauge"), clock=clock_two)
+    other = sg.Watchdog(spec("m_gauge_other"), clock=clock_one)
+    one.observe("a", "Bootstrapping")
+    clock_one.advance(40)
+    one.observe("b", "Bootstrapping")
+    two.observe("c", "Bootstrapping")
+    clock_two.advance(10)
+    other.observe("z", "Transferring")
+    clock_one.advance(5)
+
+    requests = by_state(points(reader, si.METRIC_REQUESTS, "m_gauge"))
+    ages = by_state(points(reader, si.METRIC_OLDEST_AGE, "m_gauge"))
+    assert {s: p.value for s, p in requests.items()} == {"Bootstrapping": 3, "Transferring": 0}
+    # oldest: "a", 45 s on one's clock ("c" is 10 s old on two's)
+    assert {s: p.value for s, p in ages.items()} == {"Bootstrapping": 45, "Transferring": 0}
+    other_requests = by_state(points(reader, si.METRIC_REQUESTS, "m_gauge_other"))
+    assert {s: p.value for s, p in other_requests.items()} == {
+        "Bootstrapping": 0,
+        "Transferring": 1,
+    }
+    assert len(one) + len(two) == 3
+
+
+def test_live_and_future_watchdogs_get_the_recorder():
+    clock = FakeClock()
+    before = sg.Watchdog(spec("m_live"), clock=clock)
+    assert before.on_leave is None  # metrics are off by default
+    reader = InMemoryMetricReader()
+    si.set_on_expire_hooks([])
+    si.enable_metrics(MeterProvider(metric_readers=[reader]))
+    after = sg.Watchdog(spec("m_live"), clock=clock)
+    for watchdog in (before, after):
+        watchdog.observe("a", "Bootstrapping")
+    clock.advance(3)
+    for watchdog in (before, after):
+        watchdog.observe("a", "Transferring")
+    (point,) = points(reader, si.METRIC_STATE_DURATION, "m_live").values()
+    assert (point.count, point.sum) == (2, 6)
+
+
+def test_someone_elses_on_leave_is_left_alone(caplog):
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_foreign"), clock=clock)
+    left = []
+    watchdog.on_leave = lambda state, seconds: left.append((state, seconds))
+    reader = InMemoryMetricReader()
+    with caplog.at_level(logging.WARNING, logger="stallguard"):
+        si.enable_metrics(MeterProvider(metric_readers=[reader]))
+    assert any("on_leave slot is taken" in r.getMessage() for r in caplog.records)
+    watchdog.observe("a", "Bootstrapping")
+    clock.advance(4)
+    watchdog.observe("a", "Success")
+    assert left == [("Bootstrapping", 4)]
+    assert points(reader, si.METRIC_STATE_DURATION, "m_foreign") == {}
+    si.disable_metrics()
+    assert watchdog.on_leave is not None  # still theirs
+
+
+def test_disable_metrics(reader):
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_off"), clock=clock)
+    watchdog.observe("a", "Bootstrapping")
+    watchdog.observe("b", "Bootstrapping")
+    clock.advance(300)
+    watchdog.check()
+    assert watchdog.on_leave is not None
+    si.disable_metrics()
+    si.disable_metrics()  # idempotent
+    assert watchdog.on_leave is None
+    assert sg.Watchdog(spec("m_off"), clock=clock).on_leave is None
+    watchdog.observe("c", "Bootstrapping")
+    clock.advance(300)
+    watchdog.check()
+
+    counted = points(reader, si.METRIC_EXPIRIES, "m_off")
+    assert [p.value for p in counted.values()] == [2]  # the third was not counted
+    (duration,) = points(reader, si.METRIC_STATE_DURATION, "m_off").values()
+    assert duration.count == 2
+    assert points(reader, si.METRIC_REQUESTS, "m_off") == {}  # gauges report nothing
+    assert points(reader, si.METRIC_OLDEST_AGE, "m_off") == {}
+
+
+def test_enable_again_moves_everything_to_the_new_provider(reader):
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_again"), clock=clock)
+    watchdog.observe("a", "Bootstrapping")
+    new_reader = InMemoryMetricReader()
+    si.enable_metrics(MeterProvider(metric_readers=[new_reader]))
+    clock.advance(300)
+    watchdog.check()
+    assert points(reader, si.METRIC_EXPIRIES, "m_again") == {}
+    assert points(reader, si.METRIC_STATE_DURATION, "m_again") == {}
+    assert [p.value for p in points(new_reader, si.METRIC_EXPIRIES, "m_again").values()] == [1]
+    (duration,) = points(new_reader, si.METRIC_STATE_DURATION, "m_again").values()
+    assert duration.sum == 300
+
+
+def test_enable_twice_on_one_provider_keeps_every_metric():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    si.set_on_expire_hooks([])
+    si.enable_metrics(provider)
+    si.enable_metrics(provider)
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_twice"), clock=clock)
+    watchdog.observe("a", "Bootstrapping")
+    watchdog.observe("b", "Bootstrapping")
+    clock.advance(300)
+    assert len(watchdog.check()) == 2
+    watchdog.observe("c", "Transferring")
+    clock.advance(1)
+    assert [p.value for p in points(reader, si.METRIC_EXPIRIES, "m_twice").values()] == [2]
+    (duration,) = points(reader, si.METRIC_STATE_DURATION, "m_twice").values()
+    assert duration.count == 2  # each transition recorded once, not twice
+    requests = by_state(points(reader, si.METRIC_REQUESTS, "m_twice"))
+    assert {s: p.value for s, p in requests.items()} == {"Bootstrapping": 0, "Transferring": 1}
+    ages = by_state(points(reader, si.METRIC_OLDEST_AGE, "m_twice"))
+    assert ages["Transferring"].value == 1
+
+
+def test_without_state_durations_on_leave_stays_free():
+    reader = InMemoryMetricReader()
+    si.set_on_expire_hooks([])
+    si.enable_metrics(MeterProvider(metric_readers=[reader]), state_durations=False)
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_nodur"), clock=clock)
+    assert watchdog.on_leave is None
+    watchdog.observe("a", "Bootstrapping")
+    clock.advance(300)
+    watchdog.check()
+    assert points(reader, si.METRIC_STATE_DURATION, "m_nodur") == {}
+    assert [p.value for p in points(reader, si.METRIC_EXPIRIES, "m_nodur").values()] == [1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"meter_provider": "prometheus"}, r"meter_provider=.*got 'prometheus'"),
+        ({"state_durations": "yes"}, r"state_durations=.*got 'yes'"),
+        ({"state_duration_buckets": []}, r"state_duration_buckets=.*got \[\]"),
+        ({"state_duration_buckets": [5, 1]}, r"increasing.*got \[5, 1\]"),
+        ({"state_duration_buckets": [-1, 1]}, r"non-negative.*got \[-1, 1\]"),
+        ({"state_duration_buckets": ["1"]}, r"got \['1'\]"),
+        ({"state_duration_buckets": 10}, r"got 10"),
+    ],
+)
+def test_enable_metrics_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(sg.ConfigError, match=message):
+        si.enable_metrics(**kwargs)
+    assert sg.Watchdog(spec("m_bad"), clock=FakeClock()).on_leave is None  # nothing enabled
