@@ -1,0 +1,132 @@
+"""stallguard for SGLang: per-state deadlines for the prefill KV senders.
+
+Install ``stallguard-sglang`` next to SGLang and set ``STALLGUARD_SGLANG_CONFIG`` to a
+TOML file (or ``STALLGUARD_SGLANG=1`` for the defaults). SGLang's plugin loader then
+calls :func:`register` in every scheduler process, and each request in the prefill
+inflight queue that overstays its ``KVPoll`` state's deadline is failed through SGLang's
+own failure path, with an OpenTelemetry span and a Prometheus count. See docs/sglang.md.
+
+Importing this package is cheap: nothing here imports SGLang.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from stallguard import Watchdog
+
+__all__ = [
+    "BACKENDS",
+    "ENV_CONFIG",
+    "ENV_ENABLE",
+    "FORCED_FAILURES",
+    "PROFILES",
+    "STALLS_REPORTED",
+    "SUPPORTED_SGLANG",
+    "TESTED_SGLANG",
+    "BackendProfile",
+    "BootstrapQueueConfig",
+    "Config",
+    "PrefillConfig",
+    "SupportRow",
+    "effective_deadlines",
+    "format_support_table",
+    "install",
+    "is_supported",
+    "load_config",
+    "parse_config",
+    "register",
+    "set_clock",
+    "sglang_settings",
+    "sglang_version",
+    "support_table",
+    "watchdogs",
+]
+
+_LAZY = {
+    "BACKENDS": "._config",
+    "ENV_CONFIG": "._config",
+    "ENV_ENABLE": "._config",
+    "BootstrapQueueConfig": "._config",
+    "Config": "._config",
+    "PrefillConfig": "._config",
+    "load_config": "._config",
+    "parse_config": "._config",
+    "PROFILES": "._profiles",
+    "BackendProfile": "._profiles",
+    "SupportRow": "._profiles",
+    "effective_deadlines": "._profiles",
+    "format_support_table": "._profiles",
+    "sglang_settings": "._profiles",
+    "support_table": "._profiles",
+    "FORCED_FAILURES": "._metrics",
+    "STALLS_REPORTED": "._metrics",
+    "SUPPORTED_SGLANG": ".package",
+    "TESTED_SGLANG": ".package",
+    "is_supported": ".package",
+    "sglang_version": ".package",
+    "install": ".plugin",
+    "register": ".plugin",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        if name == "__version__":
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                return version("stallguard-sglang")
+            except PackageNotFoundError:
+                return "0+unknown"
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def watchdogs() -> dict[tuple[str, str], list[Watchdog[Any]]]:
+    """The watchdogs the adapter runs in this process, by ``(queue, backend)``
+    (``queue`` is ``"inflight"`` or ``"bootstrap"``): one per queue and backend seen, so
+    a scheduler process normally has two (its backend, and ``fake`` for warmup).
+    Empty until the adapter is installed and a queue held requests."""
+    from ._inflight import runtime
+
+    rt = runtime()
+    out: dict[tuple[str, str], list[Watchdog[Any]]] = {}
+    if rt is None:
+        return out
+    for guard in rt.guards:
+        for backend, wd in guard.watchdogs.items():
+            out.setdefault((guard.kind, backend), []).append(wd)
+    return out
+
+
+def set_clock(clock: Callable[[], float]) -> None:
+    """Use *clock* (seconds, never going backwards; default ``time.monotonic``) for the
+    watchdogs created from now on in this process. For tests: pass a
+    :class:`stallguard.testing.FakeClock`. Needs the adapter installed.
+
+    Raises:
+        RuntimeError: if the adapter is not installed in this process.
+    """
+    from ._inflight import runtime
+
+    rt = runtime()
+    if rt is None:
+        raise RuntimeError(
+            "stallguard-sglang is not installed in this process (register() found no "
+            "STALLGUARD_SGLANG_CONFIG / STALLGUARD_SGLANG=1)"
+        )
+    if not callable(clock):
+        raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
+    rt.clock = clock

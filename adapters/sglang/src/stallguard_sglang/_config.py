@@ -1,0 +1,304 @@
+"""The adapter's configuration: environment variables and the TOML file.
+
+Written for the adapter alone (small and strict): every error names the file, the
+dotted key and the bad value, and says what would be accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from stallguard import ConfigError, Deadline, parse_deadlines
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "BACKENDS",
+    "BootstrapQueueConfig",
+    "Config",
+    "ENV_CONFIG",
+    "ENV_ENABLE",
+    "LIVE_STATES",
+    "PrefillConfig",
+    "load_config",
+    "parse_config",
+]
+
+#: Names a TOML file: enables the adapter with that configuration.
+ENV_CONFIG = "STALLGUARD_SGLANG_CONFIG"
+#: ``1`` enables the adapter with the defaults; ``0`` disables it even when
+#: :data:`ENV_CONFIG` is set (a kill switch for operators).
+ENV_ENABLE = "STALLGUARD_SGLANG"
+
+#: The non-terminal ``KVPoll`` states, the ones that take a deadline.
+LIVE_STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
+_TERMINAL = ("Success", "Failed")
+#: Transfer backends with a profile (``--disaggregation-transfer-backend``; ``fake`` is
+#: also what warmup and health-check requests use on every backend).
+BACKENDS = ("nixl", "mooncake", "ascend", "mori", "fake")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+PrefillMode = Literal["enforce", "report", "off"]
+BootstrapMode = Literal["auto", "enforce", "report", "off"]
+
+
+def _frozen(mapping: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """The ``[prefill]`` table: deadlines for requests in the prefill inflight queue
+    (``disagg_prefill_inflight_queue``), counted from when the request entered it.
+
+    Attributes:
+        mode: ``"enforce"`` fails overdue requests through SGLang's own failure path;
+            ``"report"`` only logs, traces and counts them; ``"off"`` installs nothing.
+        deadlines: the deadlines the file sets, by ``KVPoll`` state name. A state the
+            file does not set gets a default derived from SGLang's own settings (see
+            :func:`stallguard_sglang.effective_deadlines`).
+        backends: per-backend overrides (``[prefill.backends.<name>.deadlines]``).
+    """
+
+    mode: PrefillMode = "enforce"
+    deadlines: Mapping[str, Deadline] = field(default_factory=lambda: _frozen({}))
+    backends: Mapping[str, Mapping[str, Deadline]] = field(default_factory=lambda: _frozen({}))
+
+
+@dataclass(frozen=True)
+class BootstrapQueueConfig:
+    """The ``[bootstrap_queue]`` table: a ``Bootstrapping`` deadline for requests waiting
+    in SGLang's prefill bootstrap queue (``PrefillBootstrapQueue``), counted from when
+    the request entered it.
+
+    Attributes:
+        mode: ``"auto"`` (default) guards only the backends SGLang leaves unbounded there
+            (NIXL on SGLang <= 0.5.17); ``"enforce"`` / ``"report"`` guard every backend;
+            ``"off"`` installs nothing.
+        deadline: seconds, or None for the default:
+            ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (300 unless set), the deadline
+            SGLang applies itself on the other backends.
+    """
+
+    mode: BootstrapMode = "auto"
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration (see docs/sglang.md for the file format).
+
+    Attributes:
+        prefill: the ``[prefill]`` table.
+        bootstrap_queue: the ``[bootstrap_queue]`` table.
+        source: where it came from: the file's path, or ``"STALLGUARD_SGLANG=1"``.
+    """
+
+    prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    bootstrap_queue: BootstrapQueueConfig = field(default_factory=BootstrapQueueConfig)
+    source: str = "defaults"
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
+    """The configuration the environment asks for, or None if the adapter is disabled.
+
+    * ``STALLGUARD_SGLANG_CONFIG=/path/file.toml``: that file (parsed and validated now);
+    * ``STALLGUARD_SGLANG=1``: the defaults;
+    * ``STALLGUARD_SGLANG=0``: disabled, even if a file is named;
+    * neither: disabled.
+
+    Raises:
+        stallguard.ConfigError: naming the file (or variable), the key and the bad value.
+    """
+    env = os.environ if environ is None else environ
+    flag = env.get(ENV_ENABLE)
+    enabled: bool | None = None
+    if flag is not None:
+        normalized = flag.strip().lower()
+        if normalized in _TRUE:
+            enabled = True
+        elif normalized in _FALSE:
+            enabled = False
+        else:
+            raise ConfigError(
+                f"environment variable {ENV_ENABLE}={flag!r}: expected 1 (enable with the "
+                f"defaults) or 0 (disable), or unset it and name a file in {ENV_CONFIG}"
+            )
+    if enabled is False:
+        return None
+    path = env.get(ENV_CONFIG, "").strip()
+    if path:
+        return _load_file(path)
+    if enabled:
+        return Config(source=f"{ENV_ENABLE}={flag}")
+    return None
+
+
+def _load_file(path: str) -> Config:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{ENV_CONFIG}={path!r}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{ENV_CONFIG}={path!r}: is a directory, not a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"{ENV_CONFIG}={path!r}: cannot read it: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return parse_config(data, source=path)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Config:
+    """Validate an already-parsed TOML document (a dict) into a :class:`Config`.
+
+    Raises:
+        stallguard.ConfigError: ``"<source>: [<table>] <key> = <value>: <what is wrong>"``.
+    """
+    _only(data, ("prefill", "bootstrap_queue"), "", source)
+    prefill = _table(data, "prefill", source)
+    boot = _table(data, "bootstrap_queue", source)
+    return Config(
+        prefill=_prefill(prefill, source),
+        bootstrap_queue=_bootstrap(boot, source),
+        source=source,
+    )
+
+
+def _fmt(value: Any) -> str:
+    """A TOML-looking rendering of *value* for messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k} = {_fmt(v)}" for k, v in value.items())
+        return "{ " + inner + " }" if inner else "{}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return str(value)
+
+
+def _error(source: str, table: str, key: str, value: Any, problem: str) -> ConfigError:
+    """The same message shape as stallguard's own config loader:
+    ``file.toml: [table] key = value: problem``."""
+    where = f"[{table}] " if table else ""
+    return ConfigError(f"{source}: {where}{key} = {_fmt(value)}: {problem}")
+
+
+def _only(table: Mapping[str, Any], allowed: tuple[str, ...], where: str, source: str) -> None:
+    for key, value in table.items():
+        if key not in allowed:
+            raise _error(
+                source, where, key, value, f"unknown key; allowed keys: {', '.join(allowed)}"
+            )
+
+
+def _table(parent: Mapping[str, Any], key: str, source: str, where: str = "") -> Mapping[str, Any]:
+    value = parent.get(key, {})
+    if not isinstance(value, Mapping):
+        dotted = f"{where}.{key}" if where else key
+        raise _error(source, where, key, value, f"must be a table ([{dotted}])")
+    return value
+
+
+def _mode(table: Mapping[str, Any], where: str, allowed: tuple[str, ...], source: str) -> Any:
+    value = table.get("mode", allowed[0])
+    if value not in allowed:
+        raise _error(
+            source, where, "mode", value, f"must be one of {', '.join(map(_fmt, allowed))}"
+        )
+    return value
+
+
+def _deadlines(table: Mapping[str, Any], where: str, source: str) -> Mapping[str, Deadline]:
+    """``state = seconds | "none" | { seconds = ..., stall = ... }``, keyed by the
+    non-terminal KVPoll state names; values are validated by stallguard's own
+    :func:`stallguard.parse_deadlines` (same rules and messages as the core's files)."""
+    for state, value in table.items():
+        if state not in LIVE_STATES:
+            hint = (
+                f"{state} is terminal and takes no deadline"
+                if state in _TERMINAL
+                else "not a KVPoll state that takes a deadline"
+            )
+            raise _error(
+                source,
+                where,
+                state,
+                value,
+                f"{hint}; deadlines are keyed by {', '.join(LIVE_STATES)}",
+            )
+    parsed = parse_deadlines(table, source=source, prefix=where)
+    return _frozen({str(state): deadline for state, deadline in parsed.items()})
+
+
+def _prefill(table: Mapping[str, Any], source: str) -> PrefillConfig:
+    _only(table, ("mode", "deadlines", "backends"), "prefill", source)
+    mode = _mode(table, "prefill", ("enforce", "report", "off"), source)
+    deadlines = _deadlines(
+        _table(table, "deadlines", source, "prefill"), "prefill.deadlines", source
+    )
+    backends_table = _table(table, "backends", source, "prefill")
+    backends: dict[str, Mapping[str, Deadline]] = {}
+    for name, sub in backends_table.items():
+        where = f"prefill.backends.{name}"
+        if name not in BACKENDS:
+            raise _error(
+                source,
+                "prefill.backends",
+                name,
+                sub,
+                f"unknown transfer backend; known: {', '.join(BACKENDS)}",
+            )
+        if not isinstance(sub, Mapping):
+            raise _error(
+                source, "prefill.backends", name, sub, f"must be a table ([{where}.deadlines])"
+            )
+        _only(sub, ("deadlines",), where, source)
+        backends[name] = _deadlines(
+            _table(sub, "deadlines", source, where), f"{where}.deadlines", source
+        )
+    return PrefillConfig(mode=mode, deadlines=deadlines, backends=_frozen(backends))
+
+
+def _bootstrap(table: Mapping[str, Any], source: str) -> BootstrapQueueConfig:
+    _only(table, ("mode", "deadline"), "bootstrap_queue", source)
+    mode = _mode(table, "bootstrap_queue", ("auto", "enforce", "report", "off"), source)
+    deadline = None
+    if "deadline" in table:
+        value = table["deadline"]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise _error(
+                source,
+                "bootstrap_queue",
+                "deadline",
+                value,
+                'must be a positive, finite number of seconds; use mode = "off" for no deadline',
+            )
+        deadline = float(value)
+    return BootstrapQueueConfig(mode=mode, deadline=deadline)

@@ -1,0 +1,603 @@
+"""The hooks: per-state deadlines for the requests in SGLang's prefill queues.
+
+How it works (docs/sglang.md has the why):
+
+* A **queue guard** belongs to one queue: a scheduler's ``disagg_prefill_inflight_queue``
+  or a ``PrefillBootstrapQueue``'s ``queue``. Around each call of the queue's method it
+  (1) enrolls the requests that joined the queue since the last call, (2) runs the
+  deadline check once, (3) calls SGLang's method, and (4) forgets the requests that left.
+  Enrollment is O(new requests): SGLang only appends to these lists between calls and
+  replaces them with a new list at the end of each call, so new requests are the tail
+  past what the guard saw last time. Anything else (a replaced or shrunk list, requests
+  that left without being returned) falls back to a full rescan.
+* A request's state changes are observed **where SGLang makes them**: for
+  ``CommonKVSender`` backends every change goes through the manager's
+  ``update_status(room, status)`` (often on a transfer thread), which is hooked; the
+  hook reads the room's resulting status back (``update_status`` only moves forward) and
+  hands it to the watchdog. ``FakeKVSender`` keeps its own state; ``send()`` and
+  ``abort()`` are hooked.
+* Deadlines count from when the request entered the queue: at enrollment the watchdog
+  observes the request's current state, whatever it was before.
+* A request found overdue is failed the way SGLang fails it (``conclude_failure``, which
+  also tells decode; ``record_failure`` + ``update_status(Failed)`` on releases without
+  it; ``conclude_state = Failed`` for ``FakeKVSender``). The queue list is never touched:
+  every rank must pass the same vector to the poll all-reduce, and the MIN reduction
+  then concludes the request on every rank in the same iteration, through SGLang's own
+  failure path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stallguard import Deadline, Expiry, Spec, Watchdog
+
+from . import _metrics
+from ._config import Config
+from ._profiles import (
+    PROFILES,
+    BackendProfile,
+    bootstrap_queue_deadline,
+    bootstrap_queue_guarded,
+    effective_deadlines,
+    format_support_table,
+    support_table,
+)
+from .package import nixl_has_bootstrap_timeout, sglang_version
+
+__all__ = [
+    "INFLIGHT_TARGET",
+    "BOOTSTRAP_TARGET",
+    "UPDATE_STATUS_TARGET",
+    "FAKE_SEND_TARGET",
+    "FAKE_ABORT_TARGET",
+    "Runtime",
+    "hook_plan",
+    "runtime",
+]
+
+log = logging.getLogger("stallguard.sglang")
+
+INFLIGHT_TARGET = (
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+    "process_disagg_prefill_inflight_queue"
+)
+BOOTSTRAP_TARGET = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped"
+UPDATE_STATUS_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status"
+FAKE_SEND_TARGET = "sglang.srt.disaggregation.fake.conn.FakeKVSender.send"
+FAKE_ABORT_TARGET = "sglang.srt.disaggregation.fake.conn.FakeKVSender.abort"
+
+#: ``KVPoll`` values (plain ints in SGLang) -> state names.
+KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
+_FAILED, _BOOTSTRAPPING, _WAITING, _TRANSFERRING, _SUCCESS = range(5)
+_TERMINAL = ("Success", "Failed")
+
+# Attributes the adapter sets on SGLang objects (names nobody else uses).
+_ROOMS = "_stallguard_rooms"  # on a CommonKVManager: room -> _Entry
+_FAKE = "_stallguard_entry"  # on a FakeKVSender: its _Entry
+_INFLIGHT_GUARD = "_stallguard_inflight_guard"  # on a scheduler
+_BOOTSTRAP_GUARD = "_stallguard_bootstrap_guard"  # on a PrefillBootstrapQueue
+
+_BACKEND_MODULES = {
+    "sglang.srt.disaggregation.nixl.conn": "nixl",
+    "sglang.srt.disaggregation.mooncake.conn": "mooncake",
+    "sglang.srt.disaggregation.ascend.conn": "ascend",
+    "sglang.srt.disaggregation.mori.conn": "mori",
+    "sglang.srt.disaggregation.fake.conn": "fake",
+}
+
+
+class Runtime:
+    """Process-wide adapter state: the configuration, the clock, and the lock that
+    orders state observations (enrollment, ``update_status`` read-backs, leaving)."""
+
+    def __init__(self, config: Config, *, version: str | None = None) -> None:
+        self.config = config
+        self.version = version if version is not None else sglang_version()
+        #: the clock every new watchdog uses (tests swap in a FakeClock).
+        self.clock: Callable[[], float] = time.monotonic
+        self.lock = threading.Lock()
+        self._backend_of: dict[type, str | None] = {}
+        self._table_logged = False
+        #: every queue guard created in this process (weakly: they die with their queue).
+        self.guards: list[_QueueGuard] = []
+        #: exceptions the hooks caught (and logged) instead of breaking the scheduler loop.
+        self.errors = 0
+
+    def backend_of(self, sender: object) -> str | None:
+        """The profile name of *sender*'s class, from the SGLang module defining it (or
+        a base class: subclasses keep their parent's profile)."""
+        cls = type(sender)
+        try:
+            return self._backend_of[cls]
+        except KeyError:
+            pass
+        backend = None
+        for klass in cls.__mro__:
+            backend = _BACKEND_MODULES.get(klass.__module__)
+            if backend is not None:
+                break
+        if backend is None:
+            log.warning(
+                "stallguard-sglang: %s.%s is not a KV sender class it knows; its requests "
+                "are not guarded",
+                cls.__module__,
+                cls.__qualname__,
+            )
+        self._backend_of[cls] = backend
+        return backend
+
+    def log_support_table(self, backends: list[str]) -> None:
+        """Log the support table once per process (at the first queue call)."""
+        if self._table_logged:
+            return
+        self._table_logged = True
+        rows = support_table(self.config, backends, version=self.version)
+        log.info(
+            "stallguard-sglang: deadlines (config %s, SGLang %s):\n%s",
+            self.config.source,
+            self.version,
+            format_support_table(rows, version=self.version),
+        )
+
+
+_runtime: Runtime | None = None
+
+
+def runtime() -> Runtime | None:
+    """The adapter's process-wide state, or None if it was never installed."""
+    return _runtime
+
+
+def set_runtime(rt: Runtime | None) -> None:
+    global _runtime
+    _runtime = rt
+
+
+class _Lane:
+    """One backend's watchdog within one queue guard."""
+
+    __slots__ = ("backend", "heartbeat", "profile", "wd")
+
+    def __init__(self, backend: str, profile: BackendProfile, wd: Watchdog[Any]) -> None:
+        self.backend = backend
+        self.profile = profile
+        self.wd = wd
+        # states with a progress window: a repeated update_status of the same state (a
+        # NIXL worker moving the next chunk) renews it.
+        self.heartbeat = frozenset(
+            KVPOLL.index(label)
+            for label, deadline in ((str(s), d) for s, d in wd.spec.deadlines.items())
+            if deadline.stall is not None
+        )
+
+
+class _Entry:
+    """One enrolled request."""
+
+    __slots__ = ("forced", "guard", "key", "lane", "live", "mgr", "req", "room", "sender", "state")
+
+    def __init__(self, guard: _QueueGuard, lane: _Lane, req: Any, sender: Any, key: Any) -> None:
+        self.guard = guard
+        self.lane = lane
+        self.req = req
+        self.sender = sender
+        self.key = key
+        self.room = req.bootstrap_room
+        self.mgr = getattr(sender, "kv_mgr", None)
+        self.state: int | None = None
+        self.live = True
+        #: the failure reason, once stallguard failed the request
+        self.forced: str | None = None
+
+
+def _read_state(entry: _Entry) -> int | None:
+    """The request's local sender state now (an int ``KVPoll`` value), or None if its
+    room is gone (cleared: the request is concluding)."""
+    sender = entry.sender
+    concluded = sender.conclude_state
+    if concluded is not None:
+        return int(concluded)
+    if entry.lane.profile.common:
+        status = entry.mgr.request_status.get(entry.room)
+        return None if status is None else int(status)
+    return _SUCCESS if sender.has_sent else _WAITING
+
+
+def _trace_parent(req: Any) -> Any:
+    """SGLang's per-request OpenTelemetry context (``req.time_stats.trace_ctx``'s root
+    span context) when SGLang tracing is on, else None. Attribute reads only."""
+    ctx = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
+    if ctx is None or getattr(ctx, "tracing_enable", False) is not True:
+        return None
+    parent = getattr(ctx, "root_span_context", None)
+    return parent if isinstance(parent, dict) else None  # an opentelemetry Context
+
+
+def _tp_rank(owner: Any) -> int | None:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return int(get_parallel().tp_rank)
+    except Exception:
+        pass
+    for holder in (getattr(owner, "ps", None), owner):
+        rank = getattr(holder, "tp_rank", None)
+        if isinstance(rank, int):
+            return rank
+    return None
+
+
+class _QueueGuard:
+    """Guards one queue list (see the module docstring)."""
+
+    def __init__(self, rt: Runtime, kind: str, tp_rank: int | None) -> None:
+        self.rt = rt
+        self.kind = kind  # "inflight" | "bootstrap"
+        self.tp_rank = tp_rank
+        self.entries: dict[int, _Entry] = {}  # id(req) -> entry
+        self.by_key: dict[Any, _Entry] = {}
+        self.lanes: dict[str, _Lane | None] = {}
+        self.checks: tuple[_Lane, ...] = ()
+        self.seen_list: list[Any] | None = None
+        self.seen_len = 0
+        self.seen_tail: Any = None
+        self.rescans = 0
+        rt.guards.append(self)
+
+    # ------------------------------------------------------------------ lanes
+
+    def _spec(self, backend: str) -> tuple[dict[str, Deadline], str]:
+        config = self.rt.config
+        if self.kind == "inflight":
+            return effective_deadlines(config, backend), config.prefill.mode
+        seconds = bootstrap_queue_deadline(config)
+        mode = config.bootstrap_queue.mode
+        deadlines = {
+            "Bootstrapping": Deadline(seconds=seconds),
+            "WaitingForInput": Deadline(),  # waits for a metadata buffer: back-pressure
+            "Transferring": Deadline(),
+        }
+        return deadlines, "enforce" if mode == "auto" else mode
+
+    def _lane(self, backend: str) -> _Lane | None:
+        try:
+            return self.lanes[backend]
+        except KeyError:
+            pass
+        lane = None
+        if self.kind == "inflight" or bootstrap_queue_guarded(
+            self.rt.config, backend, self.rt.version
+        ):
+            deadlines, mode = self._spec(backend)
+            spec = Spec(
+                name=f"sglang.{self.kind}.{backend}", deadlines=deadlines, terminal=_TERMINAL
+            )
+            wd: Watchdog[Any] = Watchdog(
+                spec,
+                clock=self.rt.clock,
+                on_expire=self._on_expire if mode == "enforce" else None,
+                mode=mode,  # type: ignore[arg-type]
+            )
+            lane = _Lane(backend, PROFILES[backend], wd)
+            self.checks = (*self.checks, lane)
+        self.lanes[backend] = lane
+        return lane
+
+    @property
+    def watchdogs(self) -> dict[str, Watchdog[Any]]:
+        """The watchdog of each backend this queue has seen (and guards)."""
+        return {name: lane.wd for name, lane in self.lanes.items() if lane is not None}
+
+    # ------------------------------------------------------------------ around a call
+
+    def before(self, queue: list[Any]) -> None:
+        """Enroll what joined *queue* since the last call, then check deadlines once."""
+        n = len(queue)
+        seen = self.seen_len
+        appended = queue is self.seen_list and n >= seen
+        if appended and (seen == 0 or queue[seen - 1] is self.seen_tail):
+            if n > seen:
+                self._enroll(queue[seen:])
+        else:
+            self._resync(queue)
+        self.seen_list = queue
+        self.seen_len = n
+        self.seen_tail = queue[-1] if n else None
+        for lane in self.checks:
+            expiries = lane.wd.check()
+            if expiries and lane.wd.mode == "report":
+                for expiry in expiries:
+                    _metrics.count(
+                        "reported", self.kind, lane.backend, expiry.state_label, self.tp_rank
+                    )
+
+    def after(self, queue: list[Any], before_len: int, left: list[Any]) -> None:
+        """Forget the requests SGLang's call removed from the queue (*left*, and any
+        that left silently), and remember the new list."""
+        if left:
+            entries = self.entries
+            with self.rt.lock:
+                for req in left:
+                    entry = entries.get(id(req))
+                    if entry is not None:
+                        self._leave(entry)
+        if len(queue) != before_len - len(left):
+            self._resync(queue)
+        self.seen_list = queue
+        self.seen_len = len(queue)
+        self.seen_tail = queue[-1] if queue else None
+
+    # ------------------------------------------------------------------ membership
+
+    def _resync(self, queue: list[Any]) -> None:
+        """O(len(queue)): make the enrolled set exactly the queue's members."""
+        self.rescans += 1
+        present = {id(req) for req in queue}
+        gone = [entry for rid, entry in self.entries.items() if rid not in present]
+        if gone:
+            with self.rt.lock:
+                for entry in gone:
+                    self._leave(entry)
+        new = [req for req in queue if id(req) not in self.entries]
+        if new:
+            self._enroll(new)
+
+    def _enroll(self, reqs: list[Any]) -> None:
+        rt = self.rt
+        with rt.lock:
+            for req in reqs:
+                if id(req) in self.entries:
+                    continue
+                sender = getattr(req, "disagg_kv_sender", None)
+                if sender is None:
+                    continue
+                backend = rt.backend_of(sender)
+                if backend is None:
+                    continue
+                lane = self._lane(backend)
+                if lane is None:
+                    continue
+                key = req.rid
+                if key in self.by_key:  # a duplicate rid: keep both guarded
+                    key = (key, id(req))
+                entry = _Entry(self, lane, req, sender, key)
+                if lane.profile.common:
+                    rooms = entry.mgr.__dict__.get(_ROOMS)
+                    if rooms is None:
+                        rooms = {}
+                        setattr(entry.mgr, _ROOMS, rooms)
+                    rooms[entry.room] = entry
+                else:
+                    setattr(sender, _FAKE, entry)
+                self.entries[id(req)] = entry
+                self.by_key[key] = entry
+                state = _read_state(entry)
+                entry.state = state
+                if state is not None:
+                    lane.wd.observe(key, KVPOLL[state])
+                    lane.wd.annotate(
+                        key,
+                        attributes={
+                            "sglang.rid": str(req.rid),
+                            "sglang.bootstrap_room": entry.room,
+                            "sglang.backend": lane.backend,
+                            "sglang.tp_rank": -1 if self.tp_rank is None else self.tp_rank,
+                            "sglang.queue": self.kind,
+                        },
+                        trace_parent=_trace_parent(req),
+                    )
+
+    def _leave(self, entry: _Entry) -> None:
+        """Forget a request that left the queue (lock held)."""
+        entry.live = False
+        self.entries.pop(id(entry.req), None)
+        if self.by_key.get(entry.key) is entry:
+            del self.by_key[entry.key]
+        if entry.lane.profile.common:
+            rooms = entry.mgr.__dict__.get(_ROOMS)
+            if rooms is not None and rooms.get(entry.room) is entry:
+                del rooms[entry.room]
+        elif getattr(entry.sender, _FAKE, None) is entry:
+            delattr(entry.sender, _FAKE)
+        # remember=False: the key may come back (a requeued request re-enters the queue)
+        entry.lane.wd.forget(entry.key, remember=False)
+
+    # ------------------------------------------------------------------ state changes
+
+    def changed(self, entry: _Entry) -> None:
+        """SGLang changed *entry*'s sender state (any thread): observe the result."""
+        with self.rt.lock:
+            if not entry.live:
+                return
+            state = _read_state(entry)
+            if state is None:
+                return
+            if state == entry.state:
+                if state in entry.lane.heartbeat:
+                    entry.lane.wd.heartbeat(entry.key)
+                return
+            entry.state = state
+            entry.lane.wd.observe(entry.key, KVPOLL[state])
+
+    # ------------------------------------------------------------------ enforcement
+
+    def _on_expire(self, expiry: Expiry[Any]) -> None:
+        entry = self.by_key.get(expiry.key)
+        if entry is None or not entry.live:
+            return
+        with self.rt.lock:
+            state = _read_state(entry)
+        if state is None or state in (_SUCCESS, _FAILED):
+            log.info(
+                "stallguard-sglang: %s concluded (%s) as its deadline fired; not failing it",
+                entry.req.rid,
+                "cleared" if state is None else KVPOLL[state],
+            )
+            return
+        reason = _reason(expiry, entry, self.kind)
+        entry.forced = reason
+        lane = entry.lane
+        if lane.profile.common:
+            _fail_common(entry.mgr, entry.room, reason)
+        else:
+            entry.sender.conclude_state = _FAILED
+        _metrics.count("forced", self.kind, lane.backend, expiry.state_label, self.tp_rank)
+
+
+def _reason(expiry: Expiry[Any], entry: _Entry, queue: str) -> str:
+    if expiry.reason == "stall":
+        what = f"went {expiry.elapsed:.1f}s without progress in KVPoll.{expiry.state_label}"
+        window = "progress window"
+    else:
+        what = f"spent {expiry.elapsed:.1f}s in KVPoll.{expiry.state_label}"
+        window = "deadline"
+    return (
+        f"stallguard: request {entry.req.rid} (bootstrap_room {entry.room}, "
+        f"{entry.lane.backend}) {what} in the prefill {queue} queue, past its "
+        f"{expiry.deadline:g}s {window}"
+    )
+
+
+def _fail_common(mgr: Any, room: int, reason: str) -> None:
+    """Fail a CommonKVSender's room the way SGLang does."""
+    conclude = getattr(mgr, "conclude_failure", None)
+    if conclude is not None:
+        try:
+            conclude(bootstrap_room=room, failure_reason=reason)
+            return
+        except Exception:
+            # e.g. telling a dead decode peer failed: still fail the room locally
+            log.exception("stallguard-sglang: conclude_failure(%s) raised; failing locally", room)
+    mgr.record_failure(room, reason)
+    mgr.update_status(room, _FAILED)
+
+
+# --------------------------------------------------------------------------- the hooks
+
+
+def _report_error(where: str) -> None:
+    rt = _runtime
+    if rt is not None:
+        rt.errors += 1
+    log.exception("stallguard-sglang: error in %s; the request queue is not guarded", where)
+
+
+def _scheduler_backends(sched: Any) -> list[str]:
+    bq = getattr(sched, "disagg_prefill_bootstrap_queue", None)
+    backend = getattr(bq, "transfer_backend", None)
+    name = getattr(backend, "value", backend)
+    if isinstance(name, str) and name in PROFILES and name != "fake":
+        return [name, "fake"]
+    return list(PROFILES)
+
+
+def inflight_around(original: Callable[..., Any], sched: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook of the prefill mixin's ``process_disagg_prefill_inflight_queue``."""
+    guard = sched.__dict__.get(_INFLIGHT_GUARD)
+    queue = sched.disagg_prefill_inflight_queue
+    if guard is None:
+        rt = _runtime
+        if rt is None or not queue:  # not installed, or nothing to guard yet
+            return original(sched, *args, **kwargs)
+        try:
+            rt.log_support_table(_scheduler_backends(sched))
+            _metrics.prepare()
+            guard = _QueueGuard(rt, "inflight", _tp_rank(sched))
+            setattr(sched, _INFLIGHT_GUARD, guard)
+        except Exception:
+            _report_error("process_disagg_prefill_inflight_queue")
+            return original(sched, *args, **kwargs)
+    elif not queue and not guard.entries:
+        return original(sched, *args, **kwargs)
+    try:
+        guard.before(queue)
+    except Exception:
+        _report_error("process_disagg_prefill_inflight_queue (before)")
+    n = len(queue)
+    result = original(sched, *args, **kwargs)
+    try:
+        guard.after(sched.disagg_prefill_inflight_queue, n, result)
+    except Exception:
+        _report_error("process_disagg_prefill_inflight_queue (after)")
+    return result
+
+
+def bootstrap_around(original: Callable[..., Any], bq: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook of ``PrefillBootstrapQueue.pop_bootstrapped``."""
+    guard = bq.__dict__.get(_BOOTSTRAP_GUARD)
+    queue = bq.queue
+    if guard is None:
+        rt = _runtime
+        if rt is None or not queue:
+            return original(bq, *args, **kwargs)
+        try:
+            sched = getattr(bq, "scheduler", None)
+            rt.log_support_table(_scheduler_backends(sched))
+            _metrics.prepare()
+            guard = _QueueGuard(rt, "bootstrap", _tp_rank(sched))
+            setattr(bq, _BOOTSTRAP_GUARD, guard)
+        except Exception:
+            _report_error("pop_bootstrapped")
+            return original(bq, *args, **kwargs)
+    elif not queue and not guard.entries:
+        return original(bq, *args, **kwargs)
+    try:
+        guard.before(queue)
+    except Exception:
+        _report_error("pop_bootstrapped (before)")
+    n = len(queue)
+    result = original(bq, *args, **kwargs)
+    try:
+        left = list(result[0]) + list(result[1]) if isinstance(result, tuple) else result
+        guard.after(bq.queue, n, left)
+    except Exception:
+        _report_error("pop_bootstrapped (after)")
+    return result
+
+
+def update_status_around(original: Callable[..., Any], mgr: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook of ``CommonKVManager.update_status(room, status)``: after SGLang
+    applied the change, observe the room's resulting status if it is enrolled."""
+    result = original(mgr, *args, **kwargs)
+    rooms = mgr.__dict__.get(_ROOMS)
+    if rooms:
+        entry = rooms.get(args[0] if args else kwargs.get("bootstrap_room"))
+        if entry is not None:
+            try:
+                entry.guard.changed(entry)
+            except Exception:
+                _report_error("update_status")
+    return result
+
+
+def fake_after(result: Any, sender: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook of ``FakeKVSender.send`` / ``.abort``."""
+    entry = sender.__dict__.get(_FAKE)
+    if entry is not None:
+        try:
+            entry.guard.changed(entry)
+        except Exception:
+            _report_error("FakeKVSender")
+    return None
+
+
+def hook_plan(config: Config, version: str | None) -> list[tuple[str, Callable[..., Any], str]]:
+    """The hooks *config* needs on SGLang *version*: ``(target, function, "around" |
+    "after")``. Empty when both queues are off."""
+    plan: list[tuple[str, Callable[..., Any], str]] = []
+    if config.prefill.mode != "off":
+        plan.append((INFLIGHT_TARGET, inflight_around, "around"))
+    boot = config.bootstrap_queue.mode
+    if boot != "off" and (boot != "auto" or not nixl_has_bootstrap_timeout(version)):
+        plan.append((BOOTSTRAP_TARGET, bootstrap_around, "around"))
+    if plan:
+        plan.append((UPDATE_STATUS_TARGET, update_status_around, "around"))
+        if config.prefill.mode != "off":
+            plan.append((FAKE_SEND_TARGET, fake_after, "after"))
+            plan.append((FAKE_ABORT_TARGET, fake_after, "after"))
+    return plan

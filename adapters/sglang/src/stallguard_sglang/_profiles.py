@@ -1,0 +1,295 @@
+"""Backend profiles: which ``KVPoll`` states each transfer backend reports, what SGLang
+bounds on its own (per release), and the deadlines stallguard enforces.
+
+Sources: shared notes on SGLang 0.5.23 and 0.5.17 (sections on timeouts and backends);
+every claim about SGLang below is about its code, cited in docs/sglang.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from stallguard import Deadline
+
+from ._config import BACKENDS, LIVE_STATES, Config, PrefillConfig
+from .package import nixl_has_bootstrap_timeout, parse_version, sglang_version
+
+__all__ = [
+    "PROFILES",
+    "BackendProfile",
+    "SupportRow",
+    "bootstrap_queue_deadline",
+    "bootstrap_queue_guarded",
+    "effective_deadlines",
+    "format_support_table",
+    "sglang_settings",
+    "support_table",
+]
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """What one transfer backend's KV sender looks like from the prefill inflight queue.
+
+    Attributes:
+        name: the backend (``--disaggregation-transfer-backend``), or ``"fake"`` for the
+            ``FakeKVSender`` that warmup and health-check requests use on every backend.
+        reports: the non-terminal states its sender can report in the inflight queue.
+        merges_transfer: True if the backend never reports ``Transferring``, so that its
+            ``WaitingForInput`` stands for "transfer pending" (queueing *and* transfer):
+            by default its ``WaitingForInput`` deadline is the sum of the
+            ``WaitingForInput`` and ``Transferring`` deadlines.
+        common: True for ``CommonKVSender`` backends (state lives in the manager's
+            ``request_status``; every change goes through ``update_status``).
+    """
+
+    name: str
+    reports: tuple[str, ...]
+    merges_transfer: bool
+    common: bool
+
+
+#: The profile of every backend stallguard-sglang knows.
+PROFILES: Mapping[str, BackendProfile] = {
+    "nixl": BackendProfile("nixl", LIVE_STATES, merges_transfer=False, common=True),
+    "mooncake": BackendProfile(
+        "mooncake", ("Bootstrapping", "WaitingForInput"), merges_transfer=True, common=True
+    ),
+    "ascend": BackendProfile(
+        "ascend", ("Bootstrapping", "WaitingForInput"), merges_transfer=True, common=True
+    ),
+    "mori": BackendProfile("mori", LIVE_STATES, merges_transfer=False, common=True),
+    "fake": BackendProfile("fake", ("WaitingForInput",), merges_transfer=False, common=False),
+}
+assert tuple(PROFILES) == BACKENDS
+
+
+def _number(environ: Mapping[str, str], name: str, default: float) -> float:
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        return default  # SGLang itself would refuse to start; not ours to report
+
+
+def sglang_settings(environ: Mapping[str, str] | None = None) -> dict[str, float]:
+    """The SGLang (and Mooncake) settings the default deadlines derive from, read from
+    the environment with SGLang's defaults:
+
+    * ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (300 s): SGLang's own bootstrap deadline;
+    * ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` (300 s): how long decode waits for the KV
+      before it gives up on the request (and the ``FakeKVSender`` deadline);
+    * ``SGLANG_MORI_TRANSFER_TIMEOUT_MS`` (0 = off): Mori's per-transfer bound;
+    * ``MC_TRANSFER_TIMEOUT`` (30 s, Mooncake's default): Mooncake's per-batch bound.
+    """
+    env = os.environ if environ is None else environ
+    return {
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": _number(
+            env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0
+        ),
+        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": _number(
+            env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0
+        ),
+        "SGLANG_MORI_TRANSFER_TIMEOUT_MS": _number(env, "SGLANG_MORI_TRANSFER_TIMEOUT_MS", 0.0),
+        "MC_TRANSFER_TIMEOUT": _number(env, "MC_TRANSFER_TIMEOUT", 30.0),
+    }
+
+
+def _positive(seconds: float) -> Deadline:
+    return Deadline(seconds=seconds) if seconds > 0 else Deadline()
+
+
+def _add(a: Deadline, b: Deadline) -> Deadline:
+    seconds = None if a.seconds is None or b.seconds is None else a.seconds + b.seconds
+    return Deadline(seconds=seconds, stall=a.stall)
+
+
+def effective_deadlines(
+    prefill: PrefillConfig | Config,
+    backend: str,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Deadline]:
+    """The deadline of each non-terminal state for requests of *backend* in the prefill
+    inflight queue, counted from when the request entered the queue.
+
+    Precedence: ``[prefill.backends.<backend>.deadlines]``, then ``[prefill.deadlines]``,
+    then defaults derived from SGLang's settings (:func:`sglang_settings`):
+    ``Bootstrapping`` = ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``; ``WaitingForInput``
+    and ``Transferring`` = ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` (decode gives up on
+    the request after that long anyway). For mooncake and ascend, which never report
+    ``Transferring``, ``WaitingForInput`` defaults to the sum of the two (unless the
+    backend's own table sets it).
+    """
+    if isinstance(prefill, Config):
+        prefill = prefill.prefill
+    if backend not in PROFILES:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(PROFILES)}")
+    settings = sglang_settings(environ)
+    waiting = _positive(settings["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"])
+    out: dict[str, Deadline] = {
+        "Bootstrapping": _positive(settings["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"]),
+        "WaitingForInput": waiting,
+        "Transferring": waiting,
+    }
+    out.update(prefill.deadlines)
+    override = prefill.backends.get(backend, {})
+    if PROFILES[backend].merges_transfer and "WaitingForInput" not in override:
+        out["WaitingForInput"] = _add(out["WaitingForInput"], out["Transferring"])
+    out.update(override)
+    return out
+
+
+def bootstrap_queue_guarded(config: Config, backend: str, version: str | None = None) -> bool:
+    """True if stallguard guards *backend*'s requests in SGLang's bootstrap queue:
+    ``mode="auto"`` only where SGLang has no bootstrap deadline of its own (NIXL before
+    0.5.18); ``"enforce"``/``"report"`` for every backend that bootstraps (not fake)."""
+    mode = config.bootstrap_queue.mode
+    if mode == "off" or backend == "fake":
+        return False
+    if mode == "auto":
+        return backend == "nixl" and not nixl_has_bootstrap_timeout(version)
+    return True
+
+
+def bootstrap_queue_deadline(config: Config, environ: Mapping[str, str] | None = None) -> float:
+    """The bootstrap-queue ``Bootstrapping`` deadline in seconds: the file's, else
+    ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`` (what SGLang applies on other backends)."""
+    if config.bootstrap_queue.deadline is not None:
+        return config.bootstrap_queue.deadline
+    return sglang_settings(environ)["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] or 300.0
+
+
+def _fake_has_waiting_timeout(version: str | None) -> bool | None:
+    import sys
+
+    module = sys.modules.get("sglang.srt.disaggregation.fake.conn")
+    if module is not None:
+        return hasattr(module.FakeKVSender, "_check_waiting_timeout")
+    if version is None:
+        return None
+    release = parse_version(version)
+    if release >= (0, 5, 23):
+        return True
+    if release <= (0, 5, 17):
+        return False
+    return None  # upstream PR #28652 landed in between; unknown without importing SGLang
+
+
+def _native(backend: str, state: str, version: str | None, settings: dict[str, float]) -> str:
+    """What SGLang itself does about a request stuck in *state* in the inflight queue."""
+    boot = f"{settings['SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT']:g}s"
+    if state not in PROFILES[backend].reports:
+        return "never reported"
+    if state == "Bootstrapping":
+        if backend == "nixl" and not nixl_has_bootstrap_timeout(version):
+            return "no: waits forever"
+        return f"yes: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={boot} since sender creation"
+    if backend == "fake":
+        has = _fake_has_waiting_timeout(version)
+        waiting = f"{settings['SGLANG_DISAGGREGATION_WAITING_TIMEOUT']:g}s"
+        if has is None:
+            return "unknown for this release"
+        if has:
+            return f"yes: SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} after first poll"
+        return "no: waits forever"
+    if backend in ("mooncake", "ascend"):
+        return (
+            f"partly: MC_TRANSFER_TIMEOUT={settings['MC_TRANSFER_TIMEOUT']:g}s per write "
+            "batch; queueing unbounded"
+        )
+    if backend == "mori" and state == "Transferring":
+        ms = settings["SGLANG_MORI_TRANSFER_TIMEOUT_MS"]
+        if ms > 0:
+            return f"yes: SGLANG_MORI_TRANSFER_TIMEOUT_MS={ms:g} per transfer"
+    return "no: only a transport error or a decode ABORT ends it"
+
+
+def _render(deadline: Deadline | None) -> str:
+    if deadline is None:
+        return "not guarded"
+    if deadline.seconds is None and deadline.stall is None:
+        return "none (explicitly)"
+    parts = []
+    if deadline.seconds is not None:
+        parts.append(f"{deadline.seconds:g}s")
+    if deadline.stall is not None:
+        parts.append(f"stall {deadline.stall:g}s")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class SupportRow:
+    """One line of the support table logged at startup.
+
+    Attributes:
+        queue: ``"inflight"`` (``disagg_prefill_inflight_queue``) or ``"bootstrap"``
+            (``PrefillBootstrapQueue``).
+        backend: the backend profile.
+        state: the ``KVPoll`` state.
+        sglang: whether and how SGLang bounds the state on its own on this release.
+        stallguard: the deadline stallguard enforces (or reports), or why none.
+    """
+
+    queue: str
+    backend: str
+    state: str
+    sglang: str
+    stallguard: str
+
+
+def support_table(
+    config: Config,
+    backends: tuple[str, ...] | list[str] = BACKENDS,
+    *,
+    version: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[SupportRow]:
+    """Per backend and state: what SGLang *version* (default: the installed one) bounds
+    on its own, and the deadline stallguard enforces with *config*."""
+    version = version if version is not None else sglang_version()
+    settings = sglang_settings(environ)
+    rows: list[SupportRow] = []
+    prefill_on = config.prefill.mode != "off"
+    for backend in backends:
+        profile = PROFILES[backend]
+        deadlines = effective_deadlines(config, backend, environ)
+        if backend != "fake":
+            boot_native = _native(backend, "Bootstrapping", version, settings)
+            if bootstrap_queue_guarded(config, backend, version):
+                ours = f"{bootstrap_queue_deadline(config, environ):g}s"
+                if config.bootstrap_queue.mode == "report":
+                    ours += " (report)"
+            else:
+                ours = f"not guarded (bootstrap_queue.mode={config.bootstrap_queue.mode})"
+            rows.append(SupportRow("bootstrap", backend, "Bootstrapping", boot_native, ours))
+        for state in LIVE_STATES:
+            native = _native(backend, state, version, settings)
+            if not prefill_on:
+                ours = "not guarded (prefill.mode=off)"
+            elif state not in profile.reports:
+                ours = "n/a"
+            else:
+                ours = _render(deadlines[state])
+                if state == "Bootstrapping":
+                    ours += " (optimistic prefill only)"
+                if config.prefill.mode == "report":
+                    ours += " (report)"
+            rows.append(SupportRow("inflight", backend, state, native, ours))
+    return rows
+
+
+def format_support_table(rows: list[SupportRow], *, version: str | None = None) -> str:
+    """The table as aligned text lines, as logged at startup."""
+    header = ("queue", "backend", "state", f"SGLang {version or '?'} bounds it", "stallguard")
+    table = [header] + [(r.queue, r.backend, r.state, r.sglang, r.stallguard) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in table
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""The SGLang plugin entry point (``sglang.srt.plugins`` group, name ``stallguard``).
+
+SGLang's ``load_plugins()`` calls :func:`register` first thing in every scheduler
+process (and in the launcher, the DP controller and the detokenizer). It does nothing
+unless ``STALLGUARD_SGLANG_CONFIG`` names a TOML file or ``STALLGUARD_SGLANG=1`` asks for
+the defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from stallguard import ConfigError
+
+from ._config import ENV_CONFIG, Config, load_config
+from .package import SUPPORTED_SGLANG, is_supported, sglang_version
+
+__all__ = ["install", "register"]
+
+log = logging.getLogger("stallguard.sglang")
+
+_installed: Config | None = None
+# (class, attribute, original) for every target patch() wrapped, so that tests can undo it
+_patched: list[tuple[type, str, Any]] = []
+
+
+def register() -> None:
+    """Install stallguard's hooks through SGLang's ``HookRegistry`` if the environment
+    enables the adapter; otherwise do nothing. Idempotent.
+
+    A bad configuration stops the process: ``load_plugins()`` catches and logs every
+    ``Exception`` a plugin raises and carries on without it, which would leave the server
+    running unguarded, so the error is raised as ``SystemExit`` with a message naming the
+    file, the key and the value.
+    """
+    if _installed is not None:
+        return
+    try:
+        config = load_config()
+    except ConfigError as e:
+        message = f"stallguard-sglang: invalid configuration, refusing to start: {e}"
+        log.error("%s", message)
+        raise SystemExit(message) from None
+    if config is None:
+        log.debug("stallguard-sglang: disabled (set %s or STALLGUARD_SGLANG=1)", ENV_CONFIG)
+        return
+    install(config, via="plugins")
+
+
+def install(config: Config, *, via: str = "plugins") -> None:
+    """Install the hooks for *config* (the plugin entry point and the ``.pth`` fallback
+    call this; tests may too).
+
+    Args:
+        config: what to enforce.
+        via: ``"plugins"`` registers AROUND/AFTER hooks with SGLang's ``HookRegistry``
+            (applied by ``load_plugins()`` right after the plugins ran); ``"patch"``
+            wraps the targets directly, for SGLang builds without the plugin framework
+            (the target modules must be importable).
+    """
+    global _installed
+    if _installed is not None:
+        if _installed != config:
+            log.warning(
+                "stallguard-sglang: already installed with config %s; ignoring %s",
+                _installed.source,
+                config.source,
+            )
+        return
+    from . import _inflight
+
+    version = sglang_version()
+    if version is not None and not is_supported(version):
+        log.warning(
+            "stallguard-sglang: SGLang %s is outside the supported range %s; installing "
+            "anyway (check the startup table and that the hooks applied)",
+            version,
+            SUPPORTED_SGLANG,
+        )
+    _inflight.set_runtime(_inflight.Runtime(config, version=version))
+    plan = _inflight.hook_plan(config, version)
+    if via == "plugins":
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        for target, fn, kind in plan:
+            HookRegistry.register(
+                target, fn, HookType.AROUND if kind == "around" else HookType.AFTER
+            )
+    elif via == "patch":
+        for target, fn, kind in plan:
+            patch(target, fn, kind)
+    else:
+        raise ValueError(f"via must be 'plugins' or 'patch', got {via!r}")
+    _installed = config
+    log.info(
+        "stallguard-sglang active on SGLang %s (config %s; prefill %s, bootstrap queue %s; "
+        "%d hooks via %s)",
+        version,
+        config.source,
+        config.prefill.mode,
+        config.bootstrap_queue.mode,
+        len(plan),
+        via,
+    )
+
+
+def patch(target: str, fn: Callable[..., Any], kind: str) -> None:
+    """Wrap *target* (``"module.Class.method"``) with *fn* directly, as ``HookRegistry``
+    would (``"around"``: ``fn(original, *args, **kwargs)``; ``"after"``:
+    ``fn(result, *args, **kwargs)``). The wrapper's ``__wrapped__`` is the original.
+    Idempotent per target."""
+    import functools
+    import importlib
+
+    module_name, class_name, attr = target.rsplit(".", 2)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    original = cls.__dict__.get(attr, getattr(cls, attr))
+    if getattr(original, "_stallguard_hook", None) is fn:
+        return
+    if kind == "around":
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(original, *args, **kwargs)
+
+    else:
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            fn(result, *args, **kwargs)
+            return result
+
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper._stallguard_hook = fn  # type: ignore[attr-defined]
+    _patched.append((cls, attr, original))
+    setattr(cls, attr, wrapper)
+
+
+def _uninstall() -> None:
+    """Undo :func:`install` with ``via="patch"`` (for tests; hooks registered with
+    SGLang's ``HookRegistry`` cannot be undone this way)."""
+    global _installed
+    from . import _inflight
+
+    while _patched:
+        cls, attr, original = _patched.pop()
+        setattr(cls, attr, original)
+    _inflight.set_runtime(None)
+    _installed = None
