@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._config import (
+    WatchdogConfig,
+    load_config,
+    load_spec,
+    parse_config_table,
+    parse_deadlines,
+)
 from ._details import Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
 from ._errors import ConfigError, StallguardError, UnknownStateError
+from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
 from ._spec import Deadline, Spec, State, state_label
 from ._watchdog import Watchdog
 
 __all__ = [
+    "AsyncWait",
     "ConfigError",
     "Deadline",
     "Expiry",
@@ -26,10 +35,19 @@ __all__ = [
     "StallguardError",
     "State",
     "StateSummary",
+    "ThreadWait",
     "TrackedRequest",
     "UnknownStateError",
     "Watchdog",
+    "WatchdogConfig",
+    "WatchdogThread",
+    "load_config",
+    "load_spec",
+    "parse_config_table",
+    "parse_deadlines",
+    "run_watchdog",
     "state_label",
+    "watching",
 ]
 
 

@@ -1,0 +1,379 @@
+"""Runners: call :meth:`Watchdog.check` exactly when a deadline is due, in the background.
+
+Two runners share one loop (see docs/runners.md for the why):
+
+1. ``check()`` (expire whatever is due),
+2. arm a fresh wake-up signal,
+3. ``next_deadline()`` (exact; from here on, any earlier deadline calls
+   :attr:`Watchdog.on_earlier_deadline`, which fires the signal),
+4. wait until the signal fires or the deadline's time has come.
+
+Arming the signal *before* reading the next deadline closes the race with a state change
+that lands in between: either ``next_deadline()`` already includes it, or it fires the
+signal.
+
+* :func:`run_watchdog` / :func:`watching`: an anyio task (asyncio or trio), no thread.
+* :class:`WatchdogThread`: a plain thread for synchronous programs.
+
+Neither runs a timer per request. The waker that the watchdog calls (from any thread,
+under its lock) only sets a flag and, from a foreign thread, posts one non-blocking call
+to the event loop; it never calls back into the watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, NoReturn, TypeVar
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from ._errors import ConfigError, StallguardError
+from ._watchdog import Watchdog
+
+__all__ = ["AsyncWait", "ThreadWait", "WatchdogThread", "run_watchdog", "watching"]
+
+log = logging.getLogger("stallguard")
+
+W = TypeVar("W", bound=Watchdog[Any])
+
+#: ``await wait(wake, timeout)`` must return once *wake* is set or *timeout* seconds (on
+#: the watchdog's clock; ``None``: no timeout) have passed, whichever comes first.
+AsyncWait = Callable[[anyio.Event, "float | None"], Awaitable[None]]
+#: ``wait(wake, timeout)`` must return once *wake* is set or *timeout* seconds (on the
+#: watchdog's clock; ``None``: no timeout) have passed, whichever comes first.
+ThreadWait = Callable[[threading.Event, "float | None"], None]
+
+
+def _check_watchdog(watchdog: object) -> Watchdog[Any]:
+    if not isinstance(watchdog, Watchdog):
+        raise ConfigError(f"watchdog must be a stallguard.Watchdog, got {watchdog!r}")
+    return watchdog
+
+
+def _install(watchdog: Watchdog[Any], waker: Callable[[], None]) -> None:
+    current = watchdog.on_earlier_deadline
+    if current is not None:
+        raise StallguardError(
+            f"{watchdog!r} already has a wake-up callback ({current!r}): is another runner "
+            "running it? One runner per watchdog is enough; stop the other one first"
+        )
+    watchdog.on_earlier_deadline = waker
+
+
+def _uninstall(watchdog: Watchdog[Any], waker: Callable[[], None]) -> None:
+    if watchdog.on_earlier_deadline is waker:
+        watchdog.on_earlier_deadline = None
+
+
+def _clock(watchdog: Watchdog[Any]) -> Callable[[], float]:
+    # The runner computes its waits on the watchdog's own clock, so a FakeClock in a
+    # test drives the runner as well (with a matching ``wait``).
+    return watchdog._clock
+
+
+# --------------------------------------------------------------------------- anyio
+
+
+class _LoopWaker:
+    """The watchdog's ``on_earlier_deadline`` for an event-loop runner.
+
+    Called from any thread, possibly under the watchdog lock: it must not block and must
+    not call into the watchdog. On the loop's own thread it sets the event directly;
+    from another thread it posts ``event.set`` to the loop without waiting (asyncio's
+    ``call_soon_threadsafe`` / trio's ``TrioToken.run_sync_soon``). Waking an anyio
+    runner with anyio's ``from_thread.run_sync`` would block the calling thread until the
+    loop runs, which can deadlock: the caller holds the watchdog lock that the loop
+    thread may be waiting for in ``check()``.
+    """
+
+    __slots__ = ("armed", "event", "post", "thread")
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.post = self._find_post()
+        self.event = anyio.Event()
+        self.armed = False
+
+    @staticmethod
+    def _find_post() -> Callable[[Callable[[], object]], object]:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            return loop.call_soon_threadsafe
+        trio = sys.modules.get("trio")
+        if trio is not None:
+            try:
+                return trio.lowlevel.current_trio_token().run_sync_soon  # type: ignore[no-any-return]
+            except RuntimeError:
+                pass
+        raise StallguardError(
+            "run_watchdog() must run in an asyncio or trio event loop (through anyio)"
+        )
+
+    def arm(self) -> anyio.Event:
+        self.event = anyio.Event()
+        self.armed = True
+        return self.event
+
+    def __call__(self) -> None:
+        if not self.armed:  # already woken for this round: nothing more to do
+            return
+        self.armed = False
+        event = self.event
+        if threading.get_ident() == self.thread:
+            event.set()
+            return
+        try:
+            self.post(event.set)
+        except Exception:  # the loop has closed: its runner is gone, nobody to wake
+            pass
+
+
+async def _anyio_wait(wake: anyio.Event, timeout: float | None) -> None:
+    if timeout is None:
+        await wake.wait()
+    else:
+        with anyio.move_on_after(timeout):
+            await wake.wait()
+
+
+async def run_watchdog(
+    watchdog: Watchdog[Any],
+    *,
+    wait: AsyncWait | None = None,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Run *watchdog*'s deadline checks in the background of an anyio program, forever.
+
+    The task sleeps until :meth:`Watchdog.next_deadline` (no deadline: until one
+    appears), runs :meth:`Watchdog.check`, and sleeps again. A state change that brings
+    in an earlier deadline than the one it sleeps for wakes it at once, whichever thread
+    made it. It creates no thread and no timer per request. Cancel it to stop it (for
+    example by cancelling its task group); it leaves the watchdog as it found it.
+
+    Works on asyncio and trio. ``on_expire`` and the instrumentation hooks run on this
+    task, in the event loop's thread, so they may schedule work on the loop directly.
+
+    Args:
+        watchdog: the watchdog to run. One runner per watchdog.
+        wait: how to wait (for tests): ``await wait(wake, timeout)`` returns once the
+            :class:`anyio.Event` *wake* is set or *timeout* seconds on the watchdog's clock
+            have passed (``None``: no timeout). The default waits in real time with
+            :func:`anyio.move_on_after`, which matches the default clock
+            (:func:`time.monotonic`); a test with a
+            :class:`~stallguard.testing.FakeClock` passes a *wait* that advances the fake
+            clock instead.
+        task_status: for :meth:`anyio.abc.TaskGroup.start`, which returns once the runner
+            is listening for new deadlines.
+
+    Raises:
+        StallguardError: if *watchdog* already has a runner (its
+            :attr:`~Watchdog.on_earlier_deadline` slot is taken), or if not run under
+            asyncio or trio.
+
+    Example::
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(stallguard.run_watchdog, watchdog)
+            ...  # serve requests; call tg.cancel_scope.cancel() to stop
+    """
+    watchdog = _check_watchdog(watchdog)
+    if wait is None:
+        wait = _anyio_wait
+    elif not callable(wait):
+        raise ConfigError(f"wait must be an async callable (wake, timeout), got {wait!r}")
+    clock = _clock(watchdog)
+    waker = _LoopWaker()
+    _install(watchdog, waker)
+    try:
+        task_status.started()
+        while True:
+            watchdog.check()
+            wake = waker.arm()
+            due = watchdog.next_deadline()
+            if due is None:
+                await wait(wake, None)
+                continue
+            timeout = due - clock()
+            if timeout > 0:
+                await wait(wake, timeout)
+            else:  # already due (a slow hook, or a coarse timer): check again, cancellably
+                await anyio.lowlevel.checkpoint()
+    finally:
+        _uninstall(watchdog, waker)
+
+
+@asynccontextmanager
+async def watching(watchdog: W, *, wait: AsyncWait | None = None) -> AsyncIterator[W]:
+    """Run :func:`run_watchdog` for *watchdog* while the ``async with`` block runs.
+
+    The runner is listening when the block starts and is cancelled (and has let go of the
+    watchdog) when it ends.
+
+    Example::
+
+        async with stallguard.watching(stallguard.Watchdog(spec)) as watchdog:
+            ...  # observe state changes; overdue requests are failed in the background
+
+    Args:
+        watchdog: the watchdog to run.
+        wait: see :func:`run_watchdog`.
+
+    Yields:
+        *watchdog*.
+    """
+    async with anyio.create_task_group() as tg:
+        await tg.start(functools.partial(run_watchdog, watchdog, wait=wait))
+        try:
+            yield watchdog
+        finally:
+            tg.cancel_scope.cancel()
+
+
+# --------------------------------------------------------------------------- thread
+
+
+def _thread_wait(wake: threading.Event, timeout: float | None) -> None:
+    wake.wait(timeout)
+
+
+class WatchdogThread:
+    """Run a watchdog's deadline checks on one background thread, for synchronous
+    programs.
+
+    The thread sleeps until :meth:`Watchdog.next_deadline`, runs
+    :meth:`Watchdog.check`, and sleeps again; an earlier deadline, from any thread,
+    wakes it at once. ``on_expire`` and the instrumentation hooks run on this thread.
+    One thread per watchdog, never one per request.
+
+    Args:
+        watchdog: the watchdog to run. One runner per watchdog.
+        name: the thread's name (default ``"stallguard-<spec name>"``).
+        daemon: make it a daemon thread, so that a runner nobody stopped does not keep
+            the process alive at exit (default True).
+        wait: how to wait (for tests): ``wait(wake, timeout)`` returns once the
+            :class:`threading.Event` *wake* is set or *timeout* seconds on the watchdog's
+            clock have passed (``None``: no timeout). Default: ``wake.wait(timeout)``,
+            in real time.
+
+    Use it as a context manager, or call :meth:`start` and :meth:`stop`::
+
+        with stallguard.WatchdogThread(watchdog):
+            serve()   # overdue requests are failed in the background
+    """
+
+    def __init__(
+        self,
+        watchdog: Watchdog[Any],
+        *,
+        name: str | None = None,
+        daemon: bool = True,
+        wait: ThreadWait | None = None,
+    ) -> None:
+        self.watchdog = _check_watchdog(watchdog)
+        if wait is None:
+            wait = _thread_wait
+        elif not callable(wait):
+            raise ConfigError(f"wait must be a callable (wake, timeout), got {wait!r}")
+        self._wait = wait
+        self._wake = threading.Event()
+        self._waker = self._wake.set  # one bound method, so that it can be uninstalled
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run,
+            name=name if name is not None else f"stallguard-{watchdog.spec.name}",
+            daemon=daemon,
+        )
+
+    def start(self) -> WatchdogThread:
+        """Start the thread; returns self. It is listening for deadlines on return.
+
+        Raises:
+            StallguardError: if the watchdog already has a runner.
+            RuntimeError: if this runner was started before.
+        """
+        if self._thread.ident is not None:
+            raise RuntimeError(f"{self!r} was already started; a runner runs once")
+        _install(self.watchdog, self._waker)
+        try:
+            self._thread.start()
+        except BaseException:
+            _uninstall(self.watchdog, self._waker)
+            raise
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread and wait for it to end (up to *timeout* real seconds;
+        None: as long as it takes). Idempotent.
+
+        Raises:
+            TimeoutError: if the thread is still running after *timeout* (a hook is
+                blocking ``check()``); it stops once the hook returns.
+            Exception: whatever ``check()`` raised, if that is what ended the thread.
+        """
+        self._stopping = True
+        self._wake.set()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(
+                    f"{self!r} did not stop within {timeout}s: an on_expire or "
+                    "instrumentation hook is blocking check()"
+                )
+        _uninstall(self.watchdog, self._waker)
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def is_alive(self) -> bool:
+        """True while the thread runs."""
+        return self._thread.is_alive()
+
+    def __enter__(self) -> WatchdogThread:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self._thread.is_alive() else "stopped"
+        return f"<stallguard.WatchdogThread {self._thread.name!r} {state}>"
+
+    def _run(self) -> None:
+        watchdog, wake, wait = self.watchdog, self._wake, self._wait
+        clock = _clock(watchdog)
+        try:
+            while not self._stopping:
+                watchdog.check()
+                wake.clear()
+                if self._stopping:
+                    break
+                due = watchdog.next_deadline()
+                if due is None:
+                    wait(wake, None)
+                    continue
+                timeout = due - clock()
+                if timeout > 0:
+                    wait(wake, timeout)
+        except BaseException as exc:
+            self._error = exc
+            log.exception("stallguard: %r stopped: check() raised", self)
+        finally:
+            _uninstall(watchdog, self._waker)
