@@ -365,6 +365,25 @@ class ScriptedWait:
             await anyio.lowlevel.checkpoint()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.anyio
+async def test_a_runner_fails_models_of_a_plain_machine() -> None:
+    clock = FakeClock()
+    machine = build()
+    wd = sgt.attach(machine, SPEC, clock=clock)
+    stuck, done = Transfer("stuck"), Transfer("done")
+    machine.add_model([stuck, done])
+    with anyio.fail_after(SAFETY):
+        async with sg.watching(wd, wait=ScriptedWait(clock)):
+            stuck.bootstrap()  # wakes the runner: the first deadline
+            done.bootstrap()
+            done.transfer()
+            done.succeed()
+            while stuck.state != "Failed":
+                await anyio.sleep(0)
+    assert wd.expired(id(stuck)) and done.state == "Success" and not wd.expired(id(done))
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # AsyncMachine is asyncio-only
 @pytest.mark.anyio
 async def test_async_machine_a_stuck_transition_is_failed_by_the_runner() -> None:
@@ -427,3 +446,23 @@ async def test_async_machine_checked_from_a_thread_needs_the_loop(
     assert wd2.snapshot().hook_errors == 1 and other.state == "Bootstrapping"
     assert "check() ran outside an asyncio event loop" in caplog.text
     assert "pass attach(loop=...)" in caplog.text
+
+
+def test_machine_as_its_own_model_and_a_custom_model_attribute() -> None:
+    clock = FakeClock()
+    machine = Machine(states=STATES, initial="Queued", model_attribute="status")
+    machine.add_transition("bootstrap", "Queued", "Bootstrapping")
+    machine.add_transition("fail", "*", "Failed")
+    wd = sgt.attach(machine, SPEC, clock=clock)
+    assert wd.state_of(id(machine)) == "Queued"
+    machine.bootstrap()
+    clock.advance(300)
+    [expiry] = wd.check()
+    assert expiry.key == id(machine) and machine.status == "Failed"
+
+
+def test_the_module_uses_the_real_transitions_library() -> None:
+    import transitions
+
+    assert sgt.transitions is transitions
+    assert transitions.Machine is Machine
