@@ -1,0 +1,198 @@
+"""The adapter as a server runs it, each scenario in a fresh process of the real venv:
+
+* loaded by SGLang's own `load_plugins()` from the installed entry point, doing nothing
+  without STALLGUARD_SGLANG_CONFIG and guarding with it; its span (OpenTelemetry SDK)
+  and its counter on SGLang's /metrics (prometheus_client's real multiprocess
+  collector over PROMETHEUS_MULTIPROC_DIR, as SGLang serves /metrics);
+* a bad configuration stops the real `run_scheduler_process` before it does anything;
+* the .pth activation for SGLang builds without the plugin framework;
+* two ranks of a real gloo group whose clocks disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+try:
+    import sglang_support as sgs
+except ImportError:  # not run from the venv tools/dev.py built
+    sys.path.append(str(HERE.parents[2] / "tests"))
+    import sglang_support as sgs
+
+SKIP = sgs.skip_reason("0.5.23")
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.skipif(SKIP is not None, reason=SKIP or ""),
+]
+
+CONFIG = """
+[prefill]
+mode = "enforce"
+[prefill.deadlines]
+Bootstrapping = 30
+WaitingForInput = 10
+Transferring = 20
+"""
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def config_path(tmp_path):
+    path = tmp_path / "stallguard-sglang.toml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def run(target: str, *args, timeout: float = 150, **env: str):
+    return sgs.run_in_python(
+        sys.executable,
+        f"sglang_adapter_scenarios:{target}",
+        args=args,
+        timeout=timeout,
+        env=child_env(**env),
+    )
+
+
+def test_load_plugins_with_and_without_config(config_path, tmp_path):
+    metrics_dir = tmp_path / "prometheus"
+    metrics_dir.mkdir()
+    out = run("plugin_roundtrip", config_path, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+
+    assert ("stallguard", "stallguard_sglang.plugin:register") in out["eps"]
+    # without the variable: nothing registered, nothing wrapped
+    assert out["before"]["runtime"] is False
+    assert out["before"]["registered"] == []
+    assert not any(out["before"]["wrapped"].values())
+    # with it: SGLang's HookRegistry applied the hooks (0.5.23 needs no bootstrap-queue one)
+    after = out["after"]
+    assert after["runtime"] is True and after["source"] == config_path
+    assert after["wrapped"] == {
+        "inflight": True,
+        "bootstrap": False,
+        "update_status": True,
+        "fake_send": True,
+        "fake_abort": True,
+    }
+    assert "Executed general plugin: stallguard" in out["logs"]
+    assert "stallguard-sglang active on SGLang 0.5.23" in out["logs"]
+    assert "Failed to" not in out["logs"]
+
+    # NIXL stuck in Transferring (20 s) and Mooncake in WaitingForInput (10 + 20 s): the
+    # clock moves 5 s per iteration after enrollment at T0
+    conclusions = out["conclusions"]
+    assert conclusions["nixl-stuck"][:2] == (5, "transfer_failed")  # 20 s: 4th step after
+    assert conclusions["mooncake-stuck"][:2] == (7, "transfer_failed")  # 30 s
+    assert "spent 20.0s in KVPoll.Transferring" in conclusions["nixl-stuck"][2]
+    assert "spent 30.0s in KVPoll.WaitingForInput" in conclusions["mooncake-stuck"][2]
+
+    # the span: a child of SGLang's request trace, with the request's identity
+    spans = {s["attributes"]["sglang.rid"]: s for s in out["spans"]}
+    assert set(spans) == {"nixl-stuck", "mooncake-stuck"}
+    nixl = spans["nixl-stuck"]
+    assert nixl["name"] == "stallguard.forced_failure" and nixl["status"] == "ERROR"
+    assert nixl["parent"] == out["parent_span_id"] and nixl["trace_id"] == out["parent_trace_id"]
+    assert nixl["attributes"]["sglang.backend"] == "nixl"
+    assert nixl["attributes"]["sglang.tp_rank"] == 0
+    assert isinstance(nixl["attributes"]["sglang.bootstrap_room"], int)
+    assert nixl["attributes"]["stallguard.state"] == "Transferring"
+    assert nixl["attributes"]["stallguard.deadline_s"] == 20.0
+    assert spans["mooncake-stuck"]["parent"] is None  # no SGLang trace: a root span
+
+    # the counter, as SGLang's /metrics reads it (MultiProcessCollector)
+    assert out["multiprocess_value"] != "MutexValue"
+    assert (
+        'sglang:stallguard_forced_failures_total{backend="nixl",queue="inflight",'
+        'state="Transferring",tp_rank="0"} 1.0'
+    ) in out["metrics"]
+    assert (
+        'sglang:stallguard_forced_failures_total{backend="mooncake",queue="inflight",'
+        'state="WaitingForInput",tp_rank="0"} 1.0'
+    ) in out["metrics"]
+    # the startup table was logged once
+    assert out["logs"].count("stallguard-sglang: deadlines (config") == 1
+
+
+def test_bad_config_stops_the_scheduler_process(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[prefill.deadlines]\nTransferring = -5\n")
+    code = (
+        "from sglang.srt.managers.scheduler import run_scheduler_process\n"
+        # load_plugins() is its first statement: these arguments are never looked at
+        "run_scheduler_process(None, None, 0, 0, 0, None, None)\n"
+        "print('SCHEDULER WENT ON')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(STALLGUARD_SGLANG_CONFIG=str(bad)),
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "SCHEDULER WENT ON" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"stallguard-sglang: invalid configuration, refusing to start: {bad}: "
+        "[prefill.deadlines] Transferring = -5: must be a positive, finite number of "
+        'seconds, or "none" for no deadline'
+    ), proc.stderr[-3000:]
+    assert "Failed to execute general plugin" not in proc.stderr  # not swallowed
+
+
+def test_pth_activation_without_the_plugin_framework(config_path):
+    out = run(
+        "pth_fallback",
+        STALLGUARD_SGLANG_CONFIG=config_path,
+        STALLGUARD_SGLANG_ACTIVATION="pth",  # act as if SGLang had no sglang.srt.plugins
+    )
+    assert out["armed"] == ["_Finder"]  # armed by the .pth at interpreter start-up
+    assert out["prefill_imported_before"] is False
+    assert out["hooks"] == {
+        "inflight": True,
+        "bootstrap": False,
+        "update_status": True,
+        "fake_send": True,
+        "fake_abort": True,
+    }
+    assert all(out["hooks_after_plugins"].values())  # load_plugins() added nothing
+    assert out["conclusions"]["stuck"][1] == "transfer_failed"
+    assert "spent 21.0s in KVPoll.Transferring" in out["conclusions"]["stuck"][2]
+
+
+def test_ranks_whose_clocks_disagree_conclude_in_the_same_iteration(config_path):
+    from sglang_adapter_scenarios import ranks_clock_skew
+
+    results = sgs.run_ranks(
+        ranks_clock_skew,
+        world=2,
+        args=(config_path,),
+        timeout=150,
+        collective_timeout=30,
+        env={"PYTHONPATH": child_env()["PYTHONPATH"]},
+    )
+    rank0, rank1 = results
+    assert rank0["iterations"] == rank1["iterations"] == 25  # no collective hung
+    # rank 0's clock reaches the 10 s deadline at iteration 11 (enrolled at iteration 1);
+    # rank 1's would only at iteration 18: both conclude it at 11
+    assert rank0["conclusions"]["stuck"][:2] == (11, "transfer_failed")
+    assert rank1["conclusions"]["stuck"][:2] == (11, "transfer_failed")
+    assert "stallguard" in rank0["conclusions"]["stuck"][2]
+    assert "another rank" in rank1["conclusions"]["stuck"][2]
+    assert rank0["expiries"] == [("stuck", "WaitingForInput", 10.0)]
+    assert rank1["expiries"] == []  # it left rank 1's queue before rank 1's deadline
+    for rank in results:
+        assert rank["conclusions"]["healthy"][:2] == (20, "success")
+        assert rank["inflight"] == []
