@@ -77,7 +77,7 @@ def _uninstall(watchdog: Watchdog[Any], waker: Callable[[], None]) -> None:
 def _clock(watchdog: Watchdog[Any]) -> Callable[[], float]:
     # The runner computes its waits on the watchdog's own clock, so a FakeClock in a
     # test drives the runner as well (with a matching ``wait``).
-    return watchdog._clock
+    return watchdog.clock
 
 
 # --------------------------------------------------------------------------- anyio

@@ -408,6 +408,11 @@ class Watchdog(Generic[K]):
         slot = self._where.get(key)
         return None if slot is None else slot.state
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock the watchdog reads (the ``clock`` argument)."""
+        return self._clock
+
     def __len__(self) -> int:
         return len(self._where)
 
