@@ -4,10 +4,13 @@
     python3 tools/dev.py env                 create/update .venv and .venv-sglang0517
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
 
-`env` is idempotent: every step has a key (a hash of its inputs: this file, the
-constraints files, the relevant pyproject.toml files, ...) recorded in a stamp file
-inside the venv, and a step whose key is unchanged is skipped.  A no-op run takes
-well under a second.
+`env` is idempotent: every step has a key (a hash of its inputs: the interpreter, the
+constraints file, the step's package list or pyproject.toml, STAMP_VERSION) recorded in
+a stamp file inside the venv, and a step whose key is unchanged is skipped, so a no-op
+run takes ~0.01 s.  A failed `pip install -e` of the project does not stop the other
+steps, but makes `env` exit 1.  Concurrent runs in one checkout are serialised by a
+lock file.  `test` propagates pytest's exit code; pytest's 5 ("no tests collected") is
+reported as a failure.
 
 What gets installed (always with `-c tools/constraints.txt`, which pins torch==2.13.0,
 the local CPU wheel; any other torch pulls gigabytes of CUDA wheels; torchvision is
@@ -34,6 +37,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -50,6 +54,9 @@ CONSTRAINTS0517 = TOOLS / "constraints-sglang0517.txt"
 STUBS = ROOT / "tests" / "_stubs"
 TESTS = ROOT / "tests"
 STAMP_NAME = ".stallguard-dev-stamps.json"
+# Bump to force every install step to run again (a step's key is this, the interpreter,
+# the constraints file and the step's own package list / pyproject.toml).
+STAMP_VERSION = 1
 LOCK = ROOT / ".venv.lock"  # serialises concurrent `env` runs in this checkout
 PTH_NAME = "_stallguard_dev.pth"
 # Sorts before _stallguard_dev.pth, so .venv's site-packages lands on sys.path
@@ -207,6 +214,10 @@ class Stamps:
         tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
         tmp.replace(self.path)
 
+    def installs(self) -> dict[str, str]:
+        """The install steps' keys (what a verification depends on)."""
+        return {k: v for k, v in sorted(self.data.items()) if not k.startswith("verify")}
+
     def forget(self) -> None:
         self.data = {}
         self.path.unlink(missing_ok=True)
@@ -217,13 +228,17 @@ class Stamps:
 
 def base_key() -> str:
     """What every install step of .venv depends on."""
-    return sha("v1", sys.version, Path(__file__).resolve(), CONSTRAINTS)
+    return sha(STAMP_VERSION, sys.version, CONSTRAINTS)
 
 
 def pth_text() -> str:
+    # One `import` line (executed by site.py) rather than path lines, so that it is
+    # idempotent: .venv-sglang0517 runs it twice (its own copy, and .venv's via the overlay).
+    paths = (str(STUBS), str(TESTS))
     return (
         "# Written by tools/dev.py: test-only stand-ins (tests/_stubs) and tests/ on sys.path.\n"
-        f"{STUBS}\n{TESTS}\nimport _stallguard_stubs\n"
+        f"import sys; sys.path.extend(p for p in {paths!r} if p not in sys.path); "
+        "import _stallguard_stubs\n"
     )
 
 
@@ -234,16 +249,26 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
+def venv_matches(venv: Path) -> bool:
+    """True if `venv` was made by this very interpreter (checked without spawning it)."""
+    cfg = venv / "pyvenv.cfg"
+    if not venv_python(venv).exists() or not cfg.is_file():
+        return False
+    fields = dict(
+        (k.strip(), v.strip())
+        for k, _, v in (line.partition("=") for line in cfg.read_text().splitlines())
+    )
+    version = fields.get("version") or fields.get("version_info", "")
+    home = Path(fields.get("home", "/nonexistent")).resolve()
+    return version == platform.python_version() and home == Path(sys.executable).resolve().parent
+
+
 def ensure_venv(venv: Path, *, with_pip: bool) -> bool:
-    """Create `venv` if it has no working interpreter. Returns True if created."""
-    py = venv_python(venv)
-    if py.exists():
-        probe = subprocess.run(
-            [str(py), "-c", "import sys; print(sys.version)"], capture_output=True, text=True
-        )
-        if probe.returncode == 0 and probe.stdout.strip() == sys.version.strip():
-            return False
-        log(f"{venv.name}: interpreter mismatch or broken, recreating")
+    """Create `venv` unless this interpreter made it. Returns True if (re)created."""
+    if venv_matches(venv):
+        return False
+    if venv.exists():
+        log(f"{venv.name}: not made by {sys.executable} ({platform.python_version()}); recreating")
         shutil.rmtree(venv)
     cmd = [sys.executable, "-m", "venv", str(venv)]
     if not with_pip:
@@ -367,7 +392,7 @@ def _env_locked() -> int:
         )
     if write_if_changed(site_packages(VENV) / PTH_NAME, pth_text()):
         log(f"stubs: wrote {site_packages(VENV) / PTH_NAME}")
-    step("verify .venv", sha(stamps.data), lambda: check_forbidden(VENV), stamps)
+    step("verify .venv", sha(stamps.installs(), pth_text()), lambda: check_forbidden(VENV), stamps)
 
     # ---- .venv-sglang0517 (overlay on .venv)
     t0 = time.monotonic()
@@ -402,7 +427,7 @@ def _env_locked() -> int:
         )
         return ""
 
-    key0517 = sha("v1", sys.version, Path(__file__).resolve(), CONSTRAINTS0517, SGLANG0517)
+    key0517 = sha(STAMP_VERSION, sys.version, CONSTRAINTS0517, SGLANG0517)
     step("sglang0517", key0517, install0517, st0517)
     write_if_changed(overlay, overlay_text)
     write_if_changed(site_packages(VENV0517) / PTH_NAME, pth_text())
@@ -428,7 +453,7 @@ def _env_locked() -> int:
 
     step(
         "verify .venv-sglang0517",
-        sha(st0517.data, stamps.data, overlay_text, pth_text()),
+        sha(st0517.installs(), stamps.installs(), overlay_text, pth_text()),
         verify0517,
         st0517,
     )

@@ -19,11 +19,12 @@
 # Modules are marked with `__stallguard_stub__ = True`.
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import types
-from unittest import mock
+from importlib.machinery import ModuleSpec
+
+# Kept cheap: this module is imported at every interpreter start in the dev venvs (no
+# importlib.abc, unittest.mock only when a MagicMock is first needed).
 
 __all__ = ["install", "is_installed"]
 
@@ -80,12 +81,14 @@ class _StubModule(types.ModuleType):
                 name, (), {"__module__": self.__name__, "__init__": lambda self, *a, **k: None}
             )
         else:
+            from unittest import mock
+
             value = mock.MagicMock(name=full)
         setattr(self, name, value)
         return value
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     def create_module(self, spec):
         return _StubModule(spec.name)
 
@@ -97,13 +100,13 @@ class _Loader(importlib.abc.Loader):
         module.__path__ = []
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     _stallguard_triton_stub = True
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != _ROOT and not fullname.startswith(_ROOT + "."):
             return None
-        spec = importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
+        spec = ModuleSpec(fullname, _Loader(), is_package=True)
         spec.submodule_search_locations = []
         return spec
 

@@ -16,6 +16,7 @@ is absent.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -197,3 +198,23 @@ def test_0517_inflight_queue_concludes_each_state(legacy_results, backend):
     )
     assert r["after_iteration_2"]["conclusions"]["transferring"] == (2, "success", None)
     assert r["after_iteration_2"]["inflight"] == ["waiting"]
+
+
+# --------------------------------------------------------------------- transfer engines
+
+
+@pytest.mark.engines
+@pytest.mark.skipif(
+    importlib.util.find_spec("nixl") is None or importlib.util.find_spec("mooncake") is None,
+    reason="nixl / mooncake-transfer-engine are not installed here; "
+    "build .venv with `python3 tools/dev.py env`",
+)
+def test_real_transfer_engines_import():
+    """The engines `tools/dev.py env` installs load on this CPU-only machine (mooncake
+    needs the system library libibverbs1)."""
+    from mooncake.engine import TransferEngine
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    agent = nixl_agent("stallguard-smoke", nixl_agent_config(backends=[]))
+    assert "UCX" in agent.get_plugin_list()
+    assert callable(TransferEngine)
