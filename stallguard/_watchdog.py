@@ -657,7 +657,8 @@ class Watchdog(Generic[K]):
         born = self._born
         gone = self._gone
         memory = self._memory
-        for _due, key, reason, since, deadline in self._due(now, enforce):
+        due, left = self._due(now, enforce)
+        for _due, key, reason, since, deadline in due:
             slot = where[key]
             note = notes.get(key) if notes else None
             expiry = _new_expiry(Expiry)  # see _EXPIRY_FIELDS
@@ -702,27 +703,40 @@ class Watchdog(Generic[K]):
             else:
                 self._born.pop(key)  # type: ignore[union-attr]
         self._expired += len(expiries)
-        self._next_due = self._exact_due()
+        self._next_due = self._exact_due() if left is None else left
         return expiries
 
-    def _due(self, now: float, enforce: bool) -> list[tuple[float, K, Any, float, float]]:
+    def _due(
+        self, now: float, enforce: bool
+    ) -> tuple[list[tuple[float, K, Any, float, float]], float | None]:
         """What is due at *now*, as ``(due, key, reason, since, deadline)`` tuples,
         earliest due first (lock held). Enforce: one per key, its earliest deadline (the
-        key is then gone). Report: every overdue (key, deadline) pair, each once."""
+        key is then gone). Report: every overdue (key, deadline) pair, each once.
+
+        Also returns the earliest due time left once those are retired, when it comes
+        for free (None: ask _exact_due)."""
         if not self._stalled and self._born is None:
             # State deadlines only: a key sits in one FIFO, so it cannot be due twice
-            # and there is nothing to merge.
+            # and there is nothing to merge. Retiring the due keys empties each FIFO up
+            # to its first entry that is not due, whose due time is then the FIFO's next.
             due: list[tuple[float, K, Any, float, float]] = []
             add = due.append
+            left = _INF
             for slot in self._timed:
+                fifo = slot.fifo
+                if not fifo:
+                    continue
                 seconds: float = slot.seconds  # type: ignore[assignment]
-                for key, entered in slot.fifo.items():  # type: ignore[union-attr]
+                for key, entered in fifo.items():
                     at = entered + seconds
                     if at > now:
+                        if at < left:
+                            left = at
                         break
                     add((at, key, "state", entered, seconds))
-            due.sort(key=_by_due)  # stable: FIFO order among equal due times
-            return due
+            if len(due) > 1:
+                due.sort(key=_by_due)  # stable: FIFO order among equal due times
+            return due, left
 
         # Several clocks: (key or (key, reason)) -> (due, key, reason, since, deadline)
         found: dict[Any, tuple[float, K, Any, float, float]] = {}
@@ -756,7 +770,7 @@ class Watchdog(Generic[K]):
                 prior = found.get(slot_key)
                 if prior is None or at < prior[0]:
                     found[slot_key] = (at, key, "lifetime", born, lifetime)  # type: ignore[assignment]
-        return sorted(found.values(), key=_by_due)
+        return sorted(found.values(), key=_by_due), None
 
     def _dispatch(self, expiries: list[Expiry[K]]) -> None:
         hooks: tuple[Callable[[Expiry[K]], object], ...] = _instrumentation._active_hooks()
