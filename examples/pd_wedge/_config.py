@@ -1,0 +1,127 @@
+"""Run profiles (quick / default / full), the scenarios, and the stallguard-sglang file.
+
+The "with stallguard" arm differs from the "without" arm by one thing only: its prefill
+process is launched with ``STALLGUARD_SGLANG_CONFIG`` naming the TOML file written by
+:func:`write_stallguard_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+ENGINES = ("nixl", "mooncake")
+
+#: scenario name -> what it does to decode A (decode B always stays healthy).
+SCENARIOS = {
+    "freeze": "decode frozen mid-transfer (SIGSTOP right after it sent its destination "
+    "for a room; SIGCONT at the end of the fault window)",
+    "kill": "decode killed during bootstrap (SIGKILL after receiver.init, before it sent "
+    "its destination; the router keeps sending it requests for the fault window)",
+    "mute": "a decode that never answers the bootstrap (alive, accepts requests, never "
+    "creates their receivers: a stuck prealloc queue)",
+    "aborts": "abort storm racing transfer completion (clients abort about half the "
+    "requests, on prefill in the same or the next loop iteration after the KV send, and "
+    "on decode a few ms after the request)",
+}
+
+#: Deadlines in seconds per KVPoll state, keyed for ``[prefill.deadlines]``.
+STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How long and how heavy one run is (one scenario x one arm x one engine).
+
+    Attributes:
+        rate: requests per second sent to prefill (split between decodes A and B).
+        pre: seconds of normal traffic before the fault.
+        window: seconds from the moment the fault took effect to the observation point.
+            Longer than every deadline, so an unguarded stall is visibly pinned there.
+        post: seconds of traffic after the fault was lifted.
+        drain: at most this long to let the queues empty before the end-of-run count.
+        loop_interval: the prefill scheduler's loop period (one inflight-queue pass each).
+        deadlines: stallguard-sglang ``[prefill.deadlines]``.
+        mooncake_waiting: stallguard-sglang ``[prefill.backends.mooncake.deadlines]
+            WaitingForInput`` (Mooncake has no Transferring state; its WaitingForInput is
+            "transfer pending").
+        max_turn_tokens: prompt size cap (KV pages per request; 1 page = 4 KiB here).
+        mooncake_timeout: Mooncake's own stall bound (MC_TRANSFER_TIMEOUT), kept above
+            every deadline so the transport does not end a freeze before stallguard would.
+    """
+
+    name: str
+    rate: float
+    pre: float
+    window: float
+    post: float
+    drain: float
+    loop_interval: float
+    deadlines: dict[str, float] = field(default_factory=dict)
+    mooncake_waiting: float = 1.5
+    max_turn_tokens: int = 32
+    mooncake_timeout: float = 30.0
+
+    def deadline(self, engine: str, state: str) -> float:
+        if engine == "mooncake" and state == "WaitingForInput":
+            return self.mooncake_waiting
+        return self.deadlines[state]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+QUICK = Profile(
+    name="quick",
+    rate=30.0,
+    pre=0.5,
+    window=2.2,
+    post=0.4,
+    drain=0.8,
+    loop_interval=0.04,
+    deadlines={"Bootstrapping": 1.2, "WaitingForInput": 1.0, "Transferring": 1.0},
+    mooncake_waiting=1.2,
+    max_turn_tokens=16,
+)
+DEFAULT = replace(
+    QUICK,
+    name="default",
+    pre=0.8,
+    window=2.6,
+    post=0.8,
+    drain=1.0,
+    deadlines={"Bootstrapping": 1.5, "WaitingForInput": 1.0, "Transferring": 1.0},
+    mooncake_waiting=1.5,
+    max_turn_tokens=32,
+)
+FULL = replace(
+    DEFAULT,
+    name="full",
+    rate=80.0,
+    pre=4.0,
+    window=6.0,
+    post=4.0,
+    drain=2.0,
+    deadlines={"Bootstrapping": 3.0, "WaitingForInput": 2.0, "Transferring": 2.0},
+    mooncake_waiting=3.0,
+    max_turn_tokens=128,
+)
+PROFILES = {p.name: p for p in (QUICK, DEFAULT, FULL)}
+
+
+def write_stallguard_config(profile: Profile, path: Path) -> Path:
+    """The stallguard-sglang configuration of the "with" arm."""
+    lines = [
+        '# stallguard-sglang configuration of the pd_wedge demo\'s "with stallguard" arm.',
+        "[prefill]",
+        'mode = "enforce"',
+        "",
+        "[prefill.deadlines]",
+        *(f"{state} = {profile.deadlines[state]}" for state in STATES),
+        "",
+        "[prefill.backends.mooncake.deadlines]",
+        f"WaitingForInput = {profile.mooncake_waiting}",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+    return path

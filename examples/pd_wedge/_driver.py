@@ -1,0 +1,567 @@
+"""The driver: starts the processes, routes the request stream, injects the faults, and
+turns what the prefill and decode processes measured into one result per run.
+
+Per engine there is one *rig*: two prefill processes (the "without" arm and the "with
+stallguard" arm, identical but for ``STALLGUARD_SGLANG_CONFIG``) and two decode processes,
+A and B, that serve both prefills. Faults only ever hit decode A; B carries the healthy
+half of the traffic throughout, so a healthy request failing is visible at once.
+
+A run is one scenario on one arm: ``pre`` seconds of traffic, the fault, ``window``
+seconds until the observation point (where pinned requests are counted), the fault is
+lifted, ``post`` seconds of traffic, then the queues drain and whatever is left is counted
+and aborted (as a client would give up), so the next run starts clean.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import _procs
+from ._config import STATES, Profile, write_stallguard_config
+from ._rpc import WorkerError
+
+STALLGUARD_MARK = "stallguard:"  # the adapter's failure reasons start with it
+ARMS = ("without", "with")
+QUEUE_SIZE = 4  # SGLANG_DISAGGREGATION_QUEUE_SIZE: transfer worker shards on prefill
+#: Clock-read slack: the harness stamps a pass's start just before calling the inflight
+#: queue method; the adapter reads its clock a moment later, inside the call.
+EPS = 0.005
+
+
+class HarnessError(RuntimeError):
+    """The demo itself could not run (a worker died, did not answer, ...)."""
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class RunResult:
+    """What one run measured. Times are seconds on the shared monotonic clock."""
+
+    engine: str
+    scenario: str
+    arm: str
+    sent: int = 0
+    completed: int = 0
+    failed_stallguard: int = 0
+    failed_sglang: int = 0
+    pinned: int = 0  # at the observation point: overdue by more than a loop interval
+    left: int = 0  # still unfinished when the run ended (aborted by the harness)
+    healthy: int = 0
+    healthy_failed: int = 0
+    faulted: int = 0
+    release_latency_ms: list[float] = field(default_factory=list)
+    loop_interval_ms: float = 0.0
+    late_releases: int = 0  # not released by the first loop pass after the deadline
+    decode_bad_bytes: int = 0
+    decode_verified: int = 0
+    t0: float = 0.0
+    fault_armed: float | None = None  # the driver triggered the fault
+    fault_start: float | None = None  # the driver saw it take effect
+    observed_at: float | None = None
+    fault_end: float | None = None
+    end: float = 0.0
+    samples: list[tuple[float, float, int, int]] = field(default_factory=list)
+    releases: list[tuple[float, str]] = field(default_factory=list)  # (t, kind)
+    pinned_detail: list[tuple] = field(default_factory=list)
+    left_detail: list[tuple] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def ok(self) -> bool:
+        """The demo's pass criterion for the "with stallguard" arm."""
+        if self.arm != "with":
+            return True
+        return (
+            self.pinned == 0
+            and self.left == 0
+            and self.healthy_failed == 0
+            and self.late_releases == 0
+            and not self.problems
+        )
+
+
+# --------------------------------------------------------------------------- the rig
+
+
+class Rig:
+    """One engine's processes: prefills ``without`` / ``with`` and decodes ``A`` / ``B``."""
+
+    def __init__(self, engine: str, profile: Profile, out: Path, log=print):
+        self.engine = engine
+        self.profile = profile
+        self.out = out
+        self.log = log
+        self.layout = dict(
+            layers=2,
+            page_bytes=1024,
+            num_pages=512 * profile.max_turn_tokens,
+            aux_rows=2048,
+            aux_row_bytes=64,
+        )
+        self.ports = {arm: _procs.free_port() for arm in ARMS}
+        self.prefill: dict[str, _procs.Worker] = {}
+        self.decode: dict[str, _procs.Worker] = {}
+        self.shard: dict[str, int] = {}
+        self.room = 0
+        self.starts = 0
+
+    # -- process management
+
+    def _prefill_spec(self, arm: str) -> dict:
+        env = {}
+        if arm == "with":
+            cfg = write_stallguard_config(self.profile, self.out / "stallguard-sglang.toml")
+            env["STALLGUARD_SGLANG_CONFIG"] = str(cfg)
+        return dict(
+            engine=self.engine,
+            bootstrap_port=self.ports[arm],
+            gloo_file=str(self.out / "logs" / f"{self.engine}-{arm}-{time.time_ns()}.gloo"),
+            layout=self.layout,
+            slot_pages=self.profile.max_turn_tokens,
+            loop_interval=self.profile.loop_interval,
+            env=env,
+            log=_procs.log_path(self.out, f"{self.engine}-prefill-{arm}"),
+        )
+
+    def _start_decode(self, name: str) -> _procs.Worker:
+        self.starts += 1
+        spec = dict(
+            engine=self.engine,
+            bootstrap_ports=[self.ports[arm] for arm in ARMS],
+            layout=self.layout,
+            slot_pages=self.profile.max_turn_tokens,
+            log=_procs.log_path(self.out, f"{self.engine}-decode-{name}"),
+        )
+        return _procs.Worker(f"{self.engine}-decode-{name}", "decode", spec)
+
+    def _ready_prefill(self, arm: str) -> dict:
+        """Wait for a prefill; if its bootstrap port was taken meanwhile (the port is
+        picked here, bound there), start it again on another port."""
+        for _ in range(3):
+            try:
+                return self.prefill[arm].wait_ready(120)
+            except WorkerError as exc:
+                if "address already in use" not in str(exc).lower():
+                    raise
+            self.prefill[arm].stop()
+            self.ports[arm] = _procs.free_port()
+            self.prefill[arm] = _procs.Worker(
+                f"{self.engine}-prefill-{arm}", "prefill", self._prefill_spec(arm)
+            )
+        return self.prefill[arm].wait_ready(120)
+
+    def start(self) -> None:
+        for arm in ARMS:
+            self.prefill[arm] = _procs.Worker(
+                f"{self.engine}-prefill-{arm}", "prefill", self._prefill_spec(arm)
+            )
+        for arm in ARMS:
+            info = self._ready_prefill(arm)
+            if arm == "with" and not info["hooked"]:
+                raise HarnessError(
+                    "the 'with stallguard' prefill ran SGLang's load_plugins() with "
+                    "STALLGUARD_SGLANG_CONFIG set, but process_disagg_prefill_inflight_queue "
+                    "was not wrapped: is stallguard-sglang installed in this environment? "
+                    f"(log: {self.prefill[arm].spec['log']})"
+                )
+            if arm == "without" and info["hooked"]:
+                raise HarnessError("the 'without' prefill has the inflight queue wrapped")
+        for name in ("A", "B"):
+            self.decode[name] = self._start_decode(name)
+        for name in ("A", "B"):
+            self._ready_decode(name)
+        self.warm_up(("A", "B"))
+
+    def _ready_decode(self, name: str) -> None:
+        """Wait for a decode; restart it if it shares a prefill transfer worker with the
+        other decode (then a stall on A would also stall B's rooms, by design of SGLang's
+        sharding, and "healthy" would stop meaning anything)."""
+        for _ in range(8):
+            worker = self.decode[name]
+            worker.wait_ready(60)
+            self.shard[name] = worker.rpc.call("shard_port") % QUEUE_SIZE
+            other = "B" if name == "A" else "A"
+            if other not in self.shard or self.shard[other] != self.shard[name]:
+                return
+            worker.stop()
+            self.decode[name] = self._start_decode(name)
+        raise HarnessError(f"decode {name}: no distinct transfer shard after 8 starts")
+
+    def restart_decode(self, name: str) -> None:
+        old = self.decode.pop(name)
+        old.stop()
+        self.shard.pop(name, None)
+        self.decode[name] = self._start_decode(name)
+        self._ready_decode(name)
+        self.warm_up((name,))
+
+    def warm_up(self, names) -> None:
+        """First rooms on a new pair pay for connection set-up (UCX wire-up ~1-2 s)."""
+        for arm in ARMS:
+            for name in names:
+                for _ in range(2):
+                    self._send(arm, name, tokens=4, deliver=True)
+        deadline = time.monotonic() + 30
+        for arm in ARMS:
+            while self.prefill[arm].rpc.call("snapshot")["rows"]:
+                if time.monotonic() > deadline:
+                    raise HarnessError(f"{self.engine}: warm-up rooms did not finish")
+                time.sleep(0.05)
+            got = self.prefill[arm].rpc.call("collect")
+            if not all(rel[1] for rel in got["released"].values()):
+                raise HarnessError(f"{self.engine}: warm-up rooms failed: {got['released']}")
+        for name in names:
+            self.decode[name].rpc.call("reset")
+
+    def _send(self, arm: str, decode: str, tokens: int, deliver: bool) -> str:
+        self.room += 1
+        rid = f"{arm}-{self.room}"
+        self.prefill[arm].rpc.send("submit", rid=rid, room=self.room, tokens=tokens)
+        if deliver:
+            # A killed decode loses the request (its pipe is closed), as a dead host would.
+            self.decode[decode].rpc.send(
+                "open", room=self.room, tokens=tokens, port=self.ports[arm]
+            )
+        return rid
+
+    def stop(self) -> None:
+        for worker in [*self.decode.values(), *self.prefill.values()]:
+            worker.stop()
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class _Session:
+    """One agent conversation: pinned to a decode, its prompt grows every turn."""
+
+    decode: str
+    turn: int = 0
+
+
+class Run:
+    """One scenario on one arm (see the module docstring for the timeline)."""
+
+    def __init__(self, rig: Rig, scenario: str, arm: str, seed: int):
+        self.rig = rig
+        self.p = rig.profile
+        self.scenario = scenario
+        self.arm = arm
+        # Same stream (sizes, routing, abort plan) for both arms of a scenario.
+        self.rng = random.Random(f"{seed}-{rig.engine}-{scenario}")
+        self.prefill = rig.prefill[arm]
+        self.meta: dict[str, dict] = {}  # rid -> {decode, t, abort}
+        self.decode_aborts: list[tuple[float, str, int]] = []
+        self.sessions = [_Session("A" if i % 2 == 0 else "B") for i in range(8)]
+        self.next_session = 0
+        self.route_a = True  # False once the router gave up on a dead decode A
+        self.a_dead = False
+        self.storm = False
+        self.result = RunResult(rig.engine, scenario, arm)
+
+    # -- traffic
+
+    def _submit(self, now: float) -> None:
+        s = self.sessions[self.next_session]
+        self.next_session = (self.next_session + 1) % len(self.sessions)
+        if s.decode == "A" and not self.route_a:
+            s.decode = "B"
+        s.turn += 1
+        if s.turn > 6:  # conversation over: a new one takes its place
+            s.turn = 1
+        tokens = min(self.p.max_turn_tokens, 4 * s.turn + self.rng.randint(0, 3))
+        deliver = not (s.decode == "A" and self.a_dead)
+        rid = self.rig._send(self.arm, s.decode, tokens, deliver)
+        abort = False
+        if self.storm and self.rng.random() < 0.5:
+            abort = True
+            self.prefill.rpc.send("abort", rid=rid, after_ticks=self.rng.choice((0, 0, 1)))
+            if deliver and self.rng.random() < 0.5:
+                delay = self.rng.uniform(0.0, 0.06)
+                self.decode_aborts.append((now + delay, s.decode, self.rig.room))
+        self.meta[rid] = {"decode": s.decode, "t": now, "abort": abort, "room": self.rig.room}
+
+    # -- faults
+
+    def _inject(self) -> None:
+        a = self.rig.decode["A"]
+        if self.scenario == "freeze":
+            a.rpc.call("flag", name="freeze_after_metadata")
+        elif self.scenario == "kill":
+            a.rpc.call("flag", name="kill_after_init")
+        elif self.scenario == "mute":
+            a.rpc.call("flag", name="mute")
+        elif self.scenario == "aborts":
+            self.storm = True
+        else:
+            raise ValueError(f"unknown scenario {self.scenario!r}")
+
+    def _fault_took_effect(self) -> bool:
+        a = self.rig.decode["A"]
+        if self.scenario == "freeze":
+            return a.state() == "T"
+        if self.scenario == "kill":
+            if a.alive():
+                return False
+            self.a_dead = True
+            return True
+        return True
+
+    def _lift(self) -> None:
+        a = self.rig.decode["A"]
+        if self.scenario == "freeze":
+            a.signal(signal.SIGCONT)
+        elif self.scenario == "kill":
+            self.route_a = False  # the router noticed; A is restarted after the run
+        elif self.scenario == "mute":
+            a.rpc.call("flag", name="mute", value=False)
+        elif self.scenario == "aborts":
+            self.storm = False
+
+    # -- the timeline
+
+    def execute(self) -> RunResult:
+        p, r = self.p, self.result
+        interval = 1.0 / p.rate
+        t0 = time.monotonic()
+        r.t0 = t0
+        next_submit = t0
+        phase = "pre"
+        stop_submit = None
+        arm_deadline = None
+        while True:
+            now = time.monotonic()
+            if stop_submit is None or now < stop_submit:
+                while now >= next_submit:
+                    self._submit(now)
+                    next_submit += interval * self.rng.uniform(0.6, 1.4)
+            if self.decode_aborts:
+                due = [x for x in self.decode_aborts if x[0] <= now]
+                self.decode_aborts = [x for x in self.decode_aborts if x[0] > now]
+                for _, name, room in due:
+                    worker = self.rig.decode[name]
+                    if worker.alive() and worker.state() != "T":
+                        worker.rpc.send("abort", room=room)
+            if phase == "pre" and now >= t0 + p.pre:
+                r.fault_armed = now
+                self._inject()
+                phase, arm_deadline = "arming", now + 3.0
+            elif phase == "arming":
+                if self._fault_took_effect():
+                    r.fault_start = now
+                    phase = "fault"
+                elif now > arm_deadline:
+                    raise HarnessError(
+                        f"{self.rig.engine}/{self.scenario}: the fault did not take effect "
+                        "within 3 s"
+                    )
+            elif phase == "fault" and now >= r.fault_start + p.window:
+                self._observe(now)
+                self._lift()
+                r.fault_end = time.monotonic()
+                phase = "post"
+                stop_submit = r.fault_end + p.post
+            elif phase == "post" and now >= stop_submit:
+                break
+            wake = next_submit if stop_submit is None or next_submit < stop_submit else now + 0.01
+            if self.decode_aborts:
+                wake = min(wake, min(x[0] for x in self.decode_aborts))
+            time.sleep(min(0.01, max(0.001, wake - time.monotonic())))
+        self._drain()
+        return r
+
+    def _overdue(self, snap: dict) -> list[tuple]:
+        """Requests whose current state's deadline had passed when the last inflight-queue
+        pass started, and that are still queued after it: what stallguard must have
+        released by then."""
+        out = []
+        last_pass = snap["last_pass"]
+        for rid, where, state, since in snap["rows"]:
+            if state not in STATES:
+                continue
+            due = since + self.p.deadline(self.rig.engine, state)
+            if due + EPS <= last_pass:
+                out.append((rid, where, state, round(last_pass - due, 3)))
+        return out
+
+    def _observe(self, now: float) -> None:
+        snap = self.prefill.rpc.call("snapshot")
+        self.result.observed_at = time.monotonic()
+        self.result.pinned_detail = self._overdue(snap)
+        self.result.pinned = len(self.result.pinned_detail)
+
+    def _drain(self) -> None:
+        p, r = self.p, self.result
+        deadline = time.monotonic() + p.drain
+        rows = self.prefill.rpc.call("snapshot")["rows"]
+        while rows and time.monotonic() < deadline:
+            time.sleep(0.05)
+            rows = self.prefill.rpc.call("snapshot")["rows"]
+        r.end = time.monotonic()
+        r.left_detail = [
+            (rid, where, state, round(r.end - since, 3)) for rid, where, state, since in rows
+        ]
+        r.left = len(rows)
+        left_ids = {row[0] for row in rows}
+        if rows:
+            self.prefill.rpc.call("abort_left")
+            deadline = time.monotonic() + 5
+            while self.prefill.rpc.call("snapshot")["rows"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        got = self.prefill.rpc.call("collect")
+        if got["left"]:
+            r.problems.append(f"{len(got['left'])} requests could not be cleared: {got['left']}")
+        decode_stats = {}
+        for name, worker in self.rig.decode.items():
+            if worker.alive():
+                worker.signal(signal.SIGCONT)
+                try:
+                    decode_stats[name] = worker.rpc.call("collect", timeout=10)
+                    worker.rpc.call("reset", timeout=10)
+                except WorkerError as exc:
+                    r.problems.append(str(exc))
+        self._tally(got, left_ids, decode_stats)
+
+    # -- classification
+
+    def _faulted(self, rid: str, t_release: float | None) -> bool:
+        """Was this request in the fault's way? (B's requests never are.)"""
+        m, r = self.meta[rid], self.result
+        if self.scenario == "aborts":
+            return m["abort"]
+        if m["decode"] != "A" or r.fault_armed is None:
+            return False
+        # A's requests that were still unfinished when the fault was triggered, or that
+        # were sent before it was lifted (a killed decode stays dead).
+        started_before_end = r.fault_end is None or m["t"] < r.fault_end or self.a_dead
+        return started_before_end and (t_release is None or t_release > r.fault_armed)
+
+    def _tally(self, got: dict, left_ids: set[str], decode_stats: dict) -> None:
+        r, p = self.result, self.p
+        r.sent = len(self.meta)
+        released = got["released"]
+        passes = [s[0] for s in got["samples"]]
+        r.samples = [tuple(s) for s in got["samples"] if r.t0 <= s[0] <= r.end]
+        r.loop_interval_ms = round(1000 * p.loop_interval, 1)
+        for rid in self.meta:
+            rel = released.get(rid)
+            t_release = rel[0] if rel else None
+            faulted = self._faulted(rid, t_release)
+            r.faulted += faulted
+            r.healthy += not faulted
+            if rid in left_ids:
+                continue  # counted in `left`
+            if rel is None:
+                r.problems.append(f"{rid}: neither released nor left in a queue")
+                continue
+            t, ok, reason = rel
+            if ok:
+                r.completed += 1
+                r.releases.append((t, "completed"))
+                continue
+            by_stallguard = STALLGUARD_MARK in reason
+            key = _reason_key(reason)
+            r.reasons[key] = r.reasons.get(key, 0) + 1
+            if by_stallguard:
+                r.failed_stallguard += 1
+                r.releases.append((t, "stallguard"))
+                due = self._due(rid, t, reason, got)
+                if due is not None:
+                    r.release_latency_ms.append(round(1000 * (t - due), 1))
+                    # The pass that released it, and any pass that started after the
+                    # deadline but before it (there must be none).
+                    k = bisect.bisect_right(passes, t) - 1
+                    first_after = bisect.bisect_left(passes, due + EPS)
+                    if first_after < k or t < due - EPS:
+                        r.late_releases += 1
+            else:
+                r.failed_sglang += 1
+                r.releases.append((t, "sglang"))
+            if not faulted:
+                r.healthy_failed += 1
+        for stats in decode_stats.values():
+            for status, verified, _ in stats["outcome"].values():
+                if status == "ok":
+                    r.decode_verified += verified
+                    r.decode_bad_bytes += not verified
+
+    def _due(self, rid: str, t_release: float, reason: str, got: dict) -> float | None:
+        """When the deadline that failed *rid* was due: that of the state the reason names,
+        counted from the later of the request joining the inflight queue and its room's
+        last change into that state (as the prefill manager's status probe recorded it)."""
+        state = next((s for s in STATES if f"KVPoll.{s}" in reason), None)
+        enrolled = got["enrolled"].get(rid)
+        if state is None or enrolled is None:
+            self.result.problems.append(f"{rid}: cannot tell which deadline fired: {reason}")
+            return None
+        code = STATES.index(state) + 1  # KVPoll: Bootstrapping=1, WaitingForInput=2, ...
+        since = enrolled
+        for t, status in got["transitions"].get(self.meta[rid]["room"], ()):
+            if status == code and t <= t_release:
+                since = max(enrolled, t)
+        return since + self.p.deadline(self.rig.engine, state)
+
+
+def _reason_key(reason: str) -> str:
+    """A short label for a failure reason (for the per-run reason counts)."""
+    if STALLGUARD_MARK in reason:
+        state = reason.split("KVPoll.", 1)[1].split(" ", 1)[0] if "KVPoll." in reason else "?"
+        return f"stallguard: {state} deadline"
+    text = reason.split(" with exception ", 1)[-1]
+    for marker in (
+        "Aborted by AbortReq",
+        "timed out after",
+        "Failed to send kv chunk",
+        "left a handle running",
+        "REMOTE_DISCONNECT",
+        "Decode",
+    ):
+        if marker in text:
+            return marker
+    return text[:60]
+
+
+# --------------------------------------------------------------------------- all runs
+
+
+def run_all(
+    engines: list[str],
+    scenarios: list[str],
+    profile: Profile,
+    out: Path,
+    seed: int = 0,
+    log=print,
+) -> list[RunResult]:
+    """Run every scenario on both arms for each engine; returns the results in order."""
+    results: list[RunResult] = []
+    for engine in engines:
+        t = time.monotonic()
+        rig = Rig(engine, profile, out, log=log)
+        try:
+            rig.start()
+            log(f"[{engine}] 2 prefills + 2 decodes up and warm in {time.monotonic() - t:.1f}s")
+            for scenario in scenarios:
+                for arm in ARMS:
+                    if not rig.decode["A"].alive():
+                        rig.restart_decode("A")
+                    t = time.monotonic()
+                    result = Run(rig, scenario, arm, seed).execute()
+                    results.append(result)
+                    log(
+                        f"[{engine}] {scenario:<6} {arm:<7} sent={result.sent} "
+                        f"ok={result.completed} sg={result.failed_stallguard} "
+                        f"sglang={result.failed_sglang} pinned={result.pinned} "
+                        f"left={result.left} healthy_failed={result.healthy_failed} "
+                        f"({time.monotonic() - t:.1f}s)"
+                    )
+        finally:
+            rig.stop()
+    return results

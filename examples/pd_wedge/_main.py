@@ -1,0 +1,126 @@
+"""Command line of the demo."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+from . import _config, _env
+
+EPILOG = """\
+exit status: 0 if, in every "with stallguard" run, nothing was left pinned, no healthy
+request failed and every forced failure was released by the first scheduler loop pass
+after its deadline (so at most one loop interval late); 1 otherwise; 2 if the demo
+could not run.
+"""
+
+
+def _split(value: str, allowed, what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(
+            f"--{what}={value!r}: expected a comma-separated subset of {', '.join(allowed)}"
+        )
+    return items
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m examples.pd_wedge",
+        description="Reproduce the prefill inflight-queue wedge on real SGLang KV managers "
+        "over real NIXL and Mooncake transfer engines, without and with stallguard-sglang.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--engines",
+        default=",".join(_config.ENGINES),
+        type=lambda v: _split(v, _config.ENGINES, "engines"),
+        help="transfer engines to run (default: nixl,mooncake)",
+    )
+    ap.add_argument(
+        "--scenarios",
+        default=",".join(_config.SCENARIOS),
+        type=lambda v: _split(v, tuple(_config.SCENARIOS), "scenarios"),
+        help="faults to inject: " + ", ".join(_config.SCENARIOS) + " (default: all)",
+    )
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="shorter runs (the test suite's)")
+    size.add_argument("--full", action="store_true", help="longer, heavier runs")
+    ap.add_argument("--out", type=Path, default=Path("pd_wedge_out"), help="output directory")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the request stream")
+    return ap.parse_args(argv)
+
+
+def check_environment() -> str | None:
+    """Why the demo cannot run here, or None."""
+    missing = [
+        name
+        for name in ("sglang", "nixl", "mooncake", "stallguard_sglang", "matplotlib")
+        if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        return (
+            f"missing packages: {', '.join(missing)}. Build the project environment with "
+            "`python3 tools/dev.py env` and run the demo with `.venv/bin/python -m "
+            "examples.pd_wedge` from the repository root."
+        )
+    return None
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    problem = check_environment()
+    if problem:
+        print(f"pd_wedge: {problem}")
+        return 2
+    profile = _config.QUICK if args.quick else _config.FULL if args.full else _config.DEFAULT
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # Before the fork server exists: every worker inherits this environment.
+    _env.apply(_env.ENGINE_ENV)
+    _env.apply(_env.mooncake_transport_env(profile.mooncake_timeout))
+    os.environ["SGLANG_DISAGGREGATION_QUEUE_SIZE"] = "4"
+
+    from . import _driver, _report
+
+    print(
+        f"pd_wedge: profile {profile.name}, engines {','.join(args.engines)}, scenarios "
+        f"{','.join(args.scenarios)}; deadlines {profile.deadlines} (mooncake "
+        f"WaitingForInput {profile.mooncake_waiting}s), loop {profile.loop_interval * 1000:.0f}"
+        f" ms; logs in {out / 'logs'}",
+        flush=True,
+    )
+    t = time.monotonic()
+    try:
+        results = _driver.run_all(
+            args.engines,
+            args.scenarios,
+            profile,
+            out,
+            seed=args.seed,
+            log=lambda msg: print(msg, flush=True),
+        )
+    except (_driver.HarnessError, _driver.WorkerError) as exc:
+        print(f"pd_wedge: the demo could not run: {exc}")
+        return 2
+    elapsed = time.monotonic() - t
+    table = _report.text_table(results)
+    print()
+    print(table)
+    _report.save_json(results, profile, out / "results.json")
+    (out / "results.md").write_text(_report.markdown_table(results) + "\n")
+    png = _report.plot(results, profile, out / "pd_wedge.png")
+    print(f"\npicture: {png}\nresults: {out / 'results.json'} ({elapsed:.0f}s)")
+    bad = [r for r in results if not r.ok()]
+    for r in bad:
+        print(
+            f"FAIL {r.engine}/{r.scenario} with stallguard: pinned={r.pinned} left={r.left} "
+            f"healthy_failed={r.healthy_failed} late_releases={r.late_releases} "
+            f"problems={r.problems[:3]}"
+        )
+    return 1 if bad else 0

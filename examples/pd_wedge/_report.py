@@ -1,0 +1,145 @@
+"""The outcome table (text and markdown), results.json, and the inflight-count picture."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from ._config import Profile
+from ._driver import RunResult
+
+COLUMNS = (
+    ("engine", "engine"),
+    ("scenario", "scenario"),
+    ("arm", "stallguard"),
+    ("sent", "sent"),
+    ("completed", "completed"),
+    ("failed_stallguard", "failed by stallguard"),
+    ("failed_sglang", "failed by SGLang"),
+    ("pinned", "pinned at obs."),
+    ("left", "left at end"),
+    ("healthy_failed", "healthy failed"),
+    ("latency", "deadline->release ms (median/max)"),
+)
+
+
+def _latency(r: RunResult) -> str:
+    if not r.release_latency_ms:
+        return "-"
+    lat = r.release_latency_ms
+    text = f"{statistics.median(lat):.0f}/{max(lat):.0f}"
+    if r.late_releases:
+        text += f" ({r.late_releases} late)"
+    return text
+
+
+def rows(results: list[RunResult]) -> list[list[str]]:
+    out = []
+    for r in results:
+        row = []
+        for key, _ in COLUMNS:
+            if key == "latency":
+                row.append(_latency(r))
+            elif key == "arm":
+                row.append("on" if r.arm == "with" else "off")
+            else:
+                row.append(str(getattr(r, key)))
+        out.append(row)
+    return out
+
+
+def text_table(results: list[RunResult]) -> str:
+    header = [title for _, title in COLUMNS]
+    body = rows(results)
+    widths = [max(len(header[i]), *(len(row[i]) for row in body)) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    sep = "  ".join("-" * w for w in widths)
+    lines = [line, sep]
+    for row in body:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    return "\n".join(lines)
+
+
+def markdown_table(results: list[RunResult]) -> str:
+    header = [title for _, title in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows(results):
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def save_json(results: list[RunResult], profile: Profile, path: Path) -> None:
+    data = {"profile": profile.as_dict(), "runs": [asdict(r) for r in results]}
+    path.write_text(json.dumps(data, indent=1, default=str))
+
+
+def plot(results: list[RunResult], profile: Profile, path: Path) -> Path:
+    """One panel per (scenario, engine): prefill inflight-queue length over time, both
+    arms overlaid, aligned on the moment the fault took effect."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = list(dict.fromkeys(r.engine for r in results))
+    scenarios = list(dict.fromkeys(r.scenario for r in results))
+    fig, axes = plt.subplots(
+        len(scenarios),
+        len(engines),
+        figsize=(6.2 * len(engines), 2.9 * len(scenarios)),
+        squeeze=False,
+    )
+    colors = {"without": "#c0392b", "with": "#1f77b4"}
+    labels = {"without": "without stallguard", "with": "with stallguard"}
+    for i, scenario in enumerate(scenarios):
+        for j, engine in enumerate(engines):
+            ax = axes[i][j]
+            for r in results:
+                if r.engine != engine or r.scenario != scenario:
+                    continue
+                zero = r.fault_start if r.fault_start is not None else r.t0
+                xs = [s[1] - zero for s in r.samples]
+                ys = [s[2] for s in r.samples]
+                ax.step(xs, ys, where="post", color=colors[r.arm], lw=1.4, label=labels[r.arm])
+                sg = [t - zero for t, kind in r.releases if kind == "stallguard"]
+                if sg:
+                    ax.plot(
+                        sg,
+                        [-0.6] * len(sg),
+                        "|",
+                        color=colors[r.arm],
+                        ms=7,
+                        label="released by stallguard",
+                    )
+                if r.arm == "without" and r.observed_at is not None:
+                    obs = r.observed_at - zero
+                    ax.axvspan(0, obs, color="0.9", zorder=0)
+                    ax.axvline(obs, color="0.4", ls=":", lw=1)
+                    ax.text(
+                        obs,
+                        ax.get_ylim()[1] if ys else 1,
+                        f" observation: {r.pinned} pinned",
+                        va="top",
+                        ha="left",
+                        fontsize=7,
+                        color=colors["without"],
+                    )
+            ax.set_title(f"{engine}: {scenario}", fontsize=10)
+            ax.set_xlabel("seconds since the fault took effect (grey: fault window)", fontsize=8)
+            ax.set_ylabel("requests in inflight queue", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+            if i == 0 and j == 0:
+                ax.legend(fontsize=7, loc="upper left")
+    dl = ", ".join(f"{k} {v:g}s" for k, v in profile.deadlines.items())
+    fig.suptitle(
+        f"Prefill inflight queue under decode faults\n(deadlines: {dl}; "
+        f"loop {profile.loop_interval * 1000:.0f} ms)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
