@@ -73,6 +73,9 @@ class RunResult:
     left_detail: list[tuple] = field(default_factory=list)
     reasons: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: per request: rid -> [decode, sent at, released at or None, outcome, faulted,
+    #: [(t, KVPoll state)...]]; times in seconds relative to ``t0``
+    requests: dict[str, list] = field(default_factory=dict)
 
     def ok(self) -> bool:
         """The demo's pass criterion for the "with stallguard" arm."""
@@ -457,6 +460,16 @@ class Run:
             faulted = self._faulted(rid, t_release)
             r.faulted += faulted
             r.healthy += not faulted
+            room = self.meta[rid]["room"]
+            changes = [(round(t - r.t0, 4), st) for t, st in got["transitions"].get(room, ())]
+            r.requests[rid] = [
+                self.meta[rid]["decode"],
+                round(self.meta[rid]["t"] - r.t0, 4),
+                None if rel is None else round(rel[0] - r.t0, 4),
+                "left" if rid in left_ids else _outcome(rel),
+                faulted,
+                changes,
+            ]
             if rid in left_ids:
                 continue  # counted in `left`
             if rel is None:
@@ -508,6 +521,14 @@ class Run:
             if status == code and t <= t_release:
                 since = max(enrolled, t)
         return since + self.p.deadline(self.rig.engine, state)
+
+
+def _outcome(rel) -> str:
+    if rel is None:
+        return "lost"
+    if rel[1]:
+        return "completed"
+    return "stallguard" if STALLGUARD_MARK in rel[2] else "sglang"
 
 
 def _reason_key(reason: str) -> str:

@@ -117,22 +117,37 @@ def plot(results: list[RunResult], profile: Profile, path: Path) -> Path:
                     obs = r.observed_at - zero
                     ax.axvspan(0, obs, color="0.9", zorder=0)
                     ax.axvline(obs, color="0.4", ls=":", lw=1)
-                    ax.text(
-                        obs,
-                        ax.get_ylim()[1] if ys else 1,
-                        f" observation: {r.pinned} pinned",
-                        va="top",
-                        ha="left",
-                        fontsize=7,
-                        color=colors["without"],
-                    )
+            pinned = {
+                r.arm: r.pinned for r in results if r.engine == engine and r.scenario == scenario
+            }
+            top = max(
+                (
+                    s[2]
+                    for r in results
+                    for s in r.samples
+                    if r.engine == engine and r.scenario == scenario
+                ),
+                default=1,
+            )
+            ax.set_ylim(-1.5, top * 1.55 + 1)
+            ax.text(
+                0.01,
+                0.97,
+                "pinned at the observation point (dotted):\n"
+                + "\n".join(f"{labels[arm]}: {n}" for arm, n in pinned.items()),
+                transform=ax.transAxes,
+                va="top",
+                ha="left",
+                fontsize=7,
+                bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.9},
+            )
             ax.set_title(f"{engine}: {scenario}", fontsize=10)
             ax.set_xlabel("seconds since the fault took effect (grey: fault window)", fontsize=8)
             ax.set_ylabel("requests in inflight queue", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
-                ax.legend(fontsize=7, loc="upper left")
+                ax.legend(fontsize=7, loc="upper right")
     dl = ", ".join(f"{k} {v:g}s" for k, v in profile.deadlines.items())
     fig.suptitle(
         f"Prefill inflight queue under decode faults\n(deadlines: {dl}; "
