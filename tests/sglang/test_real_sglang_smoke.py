@@ -12,6 +12,9 @@ stallguard involved), so later adapter tests can trust the fixtures.
 
 Skipped, with the reason, only when the environment built by `python3 tools/dev.py env`
 is absent.
+
+NB: tests/sglang/ must never get an __init__.py: with tests/ on sys.path it would become
+a regular package named `sglang` and shadow the real one.
 """
 
 from __future__ import annotations

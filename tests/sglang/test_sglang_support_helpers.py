@@ -43,7 +43,7 @@ def _rank1_raises(info):
     return "unreachable"
 
 
-def _sleep(seconds):
+def _sleep(info, seconds):
     time.sleep(seconds)
     return "slept"
 
