@@ -15,6 +15,7 @@ and aborted (as a client would give up), so the next run starts clean.
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 import signal
 import time
@@ -58,6 +59,7 @@ class RunResult:
     faulted: int = 0
     release_latency_ms: list[float] = field(default_factory=list)
     loop_interval_ms: float = 0.0
+    max_pass_gap_ms: float = 0.0  # longest time between two loop passes in the run
     late_releases: int = 0  # not released by the first loop pass after the deadline
     decode_bad_bytes: int = 0
     decode_verified: int = 0
@@ -454,6 +456,10 @@ class Run:
         passes = [s[0] for s in got["samples"]]
         r.samples = [tuple(s) for s in got["samples"] if r.t0 <= s[0] <= r.end]
         r.loop_interval_ms = round(1000 * p.loop_interval, 1)
+        starts = [s[0] for s in r.samples]
+        r.max_pass_gap_ms = round(
+            1000 * max((b - a for a, b in itertools.pairwise(starts)), default=0.0), 1
+        )
         for rid in self.meta:
             rel = released.get(rid)
             t_release = rel[0] if rel else None

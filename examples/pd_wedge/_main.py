@@ -112,8 +112,12 @@ def main(argv=None) -> int:
     table = _report.text_table(results)
     print()
     print(table)
+    print()
+    print(_report.summary(results))
     _report.save_json(results, profile, out / "results.json")
-    (out / "results.md").write_text(_report.markdown_table(results) + "\n")
+    (out / "results.md").write_text(
+        _report.markdown_table(results) + "\n\n" + _report.summary(results) + "\n"
+    )
     png = _report.plot(results, profile, out / "pd_wedge.png")
     print(f"\npicture: {png}\nresults: {out / 'results.json'} ({elapsed:.0f}s)")
     bad = [r for r in results if not r.ok()]

@@ -62,6 +62,26 @@ def text_table(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[RunResult]) -> str:
+    """One paragraph under the table: how the forced failures met their deadlines."""
+    forced = [r for r in results if r.release_latency_ms]
+    n = sum(len(r.release_latency_ms) for r in forced)
+    if not n:
+        return "No request was failed by stallguard."
+    late = sum(r.late_releases for r in forced)
+    worst = max(max(r.release_latency_ms) for r in forced)
+    gap = max(r.max_pass_gap_ms for r in results if r.arm == "with")
+    loop = forced[0].loop_interval_ms
+    first = "every one" if not late else f"{n - late} of them"
+    return (
+        f"{n} requests were failed by stallguard; {first} in the first scheduler loop pass "
+        f"that started after its deadline (loop interval {loop:.0f} ms). The latest came "
+        f"{worst:.0f} ms after its deadline; the longest gap between two loop passes in the "
+        f'"with" runs was {gap:.0f} ms (a deadline that falls in such a gap is released by the '
+        "pass that ends it)."
+    )
+
+
 def markdown_table(results: list[RunResult]) -> str:
     header = [title for _, title in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
