@@ -249,26 +249,34 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def venv_matches(venv: Path) -> bool:
-    """True if `venv` was made by this very interpreter (checked without spawning it)."""
-    cfg = venv / "pyvenv.cfg"
-    if not venv_python(venv).exists() or not cfg.is_file():
-        return False
-    fields = dict(
-        (k.strip(), v.strip())
-        for k, _, v in (line.partition("=") for line in cfg.read_text().splitlines())
-    )
+def venv_owner(venv: Path) -> tuple[str, Path] | None:
+    """(Python version, home dir) recorded in `venv`'s pyvenv.cfg, None if unreadable."""
+    try:
+        text = (venv / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    fields = {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in text.splitlines())}
     version = fields.get("version") or fields.get("version_info", "")
-    home = Path(fields.get("home", "/nonexistent")).resolve()
-    return version == platform.python_version() and home == Path(sys.executable).resolve().parent
+    return version, Path(fields.get("home", "/nonexistent")).resolve()
 
 
 def ensure_venv(venv: Path, *, with_pip: bool) -> bool:
-    """Create `venv` unless this interpreter made it. Returns True if (re)created."""
-    if venv_matches(venv):
-        return False
+    """Create `venv` if it is absent or broken (checked without spawning it). Returns True
+    if created. A working venv made by another interpreter is an error, not rebuilt: it
+    may be in use, and rebuilding 2 GB by accident (e.g. `/usr/bin/python3 tools/dev.py`)
+    is worse than a clear message."""
+    owner = venv_owner(venv)
+    here = (platform.python_version(), Path(sys.executable).resolve().parent)
+    if owner is not None and venv_python(venv).exists():
+        if owner == here:
+            return False
+        raise StepError(
+            f"{venv} was made by Python {owner[0]} from {owner[1]}, but this is Python "
+            f"{here[0]} ({sys.executable}). Run tools/dev.py with that interpreter, or delete "
+            f"{venv} to rebuild it with this one."
+        )
     if venv.exists():
-        log(f"{venv.name}: not made by {sys.executable} ({platform.python_version()}); recreating")
+        log(f"{venv.name}: broken (no pyvenv.cfg or interpreter); recreating")
         shutil.rmtree(venv)
     cmd = [sys.executable, "-m", "venv", str(venv)]
     if not with_pip:
@@ -321,6 +329,28 @@ def check_forbidden(venv: Path) -> None:
     if venv == VENV and [d.name for d in torch_di] != ["torch-2.13.0+cpu.dist-info"]:
         found = [d.name for d in torch_di]
         raise StepError(f"expected exactly torch 2.13.0+cpu in .venv, found {found}")
+
+
+IMPORT_CHECK = (
+    "import sglang, torch\n"
+    "import sglang.srt.disaggregation.prefill, sglang.srt.disaggregation.nixl.conn\n"
+    "import sglang.srt.disaggregation.mooncake.conn\n"
+    "print(sglang.__version__, torch.__version__)\n"
+)
+
+
+def import_check(venv: Path, sglang_version: str) -> str:
+    """The venv imports the SGLang prefill/NIXL/Mooncake modules (with the stubs)."""
+    out = subprocess.run(
+        [str(venv_python(venv)), "-c", IMPORT_CHECK], capture_output=True, text=True, cwd=ROOT
+    )
+    words = out.stdout.split()
+    if out.returncode != 0 or not words or words[0] != sglang_version:
+        raise StepError(
+            f"{venv.name} does not import sglang {sglang_version}'s disaggregation modules:\n"
+            f"{out.stdout}\n{out.stderr[-3000:]}"
+        )
+    return f"sglang {words[0]} torch {words[1]} import OK"
 
 
 def env_command() -> int:
@@ -392,7 +422,12 @@ def _env_locked() -> int:
         )
     if write_if_changed(site_packages(VENV) / PTH_NAME, pth_text()):
         log(f"stubs: wrote {site_packages(VENV) / PTH_NAME}")
-    step("verify .venv", sha(stamps.installs(), pth_text()), lambda: check_forbidden(VENV), stamps)
+
+    def verify() -> str:
+        check_forbidden(VENV)
+        return import_check(VENV, SGLANG.split("==")[1])
+
+    step("verify .venv", sha(stamps.installs(), pth_text()), verify, stamps)
 
     # ---- .venv-sglang0517 (overlay on .venv)
     t0 = time.monotonic()
@@ -434,22 +469,7 @@ def _env_locked() -> int:
 
     def verify0517() -> str:
         check_forbidden(VENV0517)
-        out = subprocess.run(
-            [
-                str(venv_python(VENV0517)),
-                "-c",
-                "import sglang, torch; print(sglang.__version__, torch.__version__)",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
-        if out.returncode != 0 or not out.stdout.split() or out.stdout.split()[0] != "0.5.17":
-            raise StepError(
-                f"{VENV0517.name} does not import sglang 0.5.17:\n"
-                f"{out.stdout}\n{out.stderr[-3000:]}"
-            )
-        return "sglang {} torch {}".format(*out.stdout.split()[:2])
+        return import_check(VENV0517, "0.5.17")
 
     step(
         "verify .venv-sglang0517",
