@@ -1,0 +1,62 @@
+"""benchmarks/bench_core.py runs and prints its tables (a smoke test: speed is not
+asserted here; docs/performance.md holds the measured numbers)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+OPERATIONS = (
+    "state change",
+    "same-state observe",
+    "check(), nothing due",
+    "expiry, 100 per check",
+    "expiry, one per check",
+    "expiry, lifetime+stall",
+    "expiry, all N at once",
+    "guarded poll, added",
+    "memory per request",
+    "memory, lifetime+stall",
+    "threads per request",
+    "timers per request",
+)
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def test_bench_core_quick_prints_its_tables():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_core.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = "| operation | N | stallguard | asyncio call_at | naive scan | transitions Timeout |"
+    assert header in lines, out.stdout
+    rows = {(cells[0], cells[1]): cells[2:] for cells in map(_cells, lines) if len(cells) == 6}
+    for op in OPERATIONS:
+        for n in ("100", "1,000"):
+            assert (op, n) in rows, f"no row for {op} at N={n}:\n{out.stdout}"
+    # Every timed stallguard cell holds a measurement, not a placeholder.
+    for op in OPERATIONS[:8]:
+        assert re.fullmatch(r"[\d.]+ (ns|µs|ms) \(p90 [\d.]+ (ns|µs|ms)\)", rows[op, "100"][0])
+    # Counted, not timed: stallguard starts no thread and no timer per request, while
+    # transitions' Timeout starts one thread per request (its arm runs at N=100 only).
+    assert rows["threads per request", "1,000"][0] == "0.00"
+    assert rows["timers per request", "1,000"][0] == "0.00"
+    assert rows["threads per request", "100"][3] == "1.00"
+    assert rows["state change", "1,000"][3] == "not run (N > 100)"
+
+    targets = lines[lines.index("| target | measured | result |") + 2 :]
+    targets = [line for line in targets if line.startswith("|")]
+    assert len(targets) == 11, out.stdout
+    assert all(_cells(line)[-1] in ("PASS", "MISS") for line in targets)
