@@ -3,6 +3,7 @@
 
     python3 tools/dev.py env                 create/update .venv and .venv-sglang0517
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
+    python3 tools/dev.py demo [demo args]    `env`, then the PD wedge demo (examples/pd_wedge)
 
 `env` is idempotent: every step has a key (a hash of its inputs: the interpreter, the
 constraints file, the step's package list or pyproject.toml, STAMP_VERSION) recorded in
@@ -503,6 +504,17 @@ def test_command(args: list[str]) -> int:
     return rc
 
 
+def demo_command(args: list[str]) -> int:
+    """The project's main job: the PD wedge on real NIXL and Mooncake engines, run
+    without and with stallguard-sglang (examples/pd_wedge; docs/demo.md)."""
+    rc = env_command()
+    if rc:
+        return rc
+    cmd = [str(venv_python(VENV)), "-m", "examples.pd_wedge", *args]
+    log("demo: " + " ".join(cmd))
+    return subprocess.call(cmd, cwd=ROOT)
+
+
 USAGE = __doc__.split("\n\n")[1]
 
 
@@ -519,6 +531,8 @@ def main(argv: list[str]) -> int:
             return env_command()
         if cmd == "test":
             return test_command(rest)
+        if cmd == "demo":
+            return demo_command(rest)
     except StepError as e:
         log(f"FAILED: {e}")
         return 1
