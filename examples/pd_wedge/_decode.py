@@ -3,9 +3,10 @@ prealloc and transfer queues drive them (``init`` -> ``send_metadata`` -> poll).
 
 There is no model and no decode scheduler: a receiver that reaches Success has its pages
 checked byte for byte against the pattern the prefill side wrote, then the pages go back
-to the pool. The faults this side can inject on request are real process-level faults
-(SIGSTOP / SIGKILL of this very process) or a real "never answers" behaviour (rooms are
-accepted from the router but no receiver is ever created for them).
+to the pool. The faults this side injects on request are a real process-level fault (SIGKILL of
+this very process) or a real "never answers" behaviour (rooms are
+accepted from the router but no receiver is ever created for them). The freeze (SIGSTOP)
+is sent by the prefill worker, the moment it hands a room for this decode to its engine.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def run(conn: Connection, spec: dict) -> None:
 
     live: dict[int, tuple] = {}  # room -> (receiver, slot, pages, aux)
     outcome: dict[int, tuple] = {}  # room -> (status, verified, reason)
-    flags = {"mute": False, "freeze_after_metadata": False, "kill_after_init": False}
+    flags = {"mute": False, "kill_after_init": False}
     counters = {"ignored": 0, "opened": 0}
 
     def open_room(room: int, tokens: int, port: int) -> None:
@@ -99,11 +100,6 @@ def run(conn: Connection, spec: dict) -> None:
             # Dies in the middle of the bootstrap: registered, metadata never sent.
             os.kill(os.getpid(), signal.SIGKILL)
         receiver.send_metadata(pages, aux)
-        if flags["freeze_after_metadata"]:
-            flags["freeze_after_metadata"] = False
-            # Frozen mid-transfer: prefill has (or will have) the destination and writes
-            # into a peer that makes no progress until the driver sends SIGCONT.
-            os.kill(os.getpid(), signal.SIGSTOP)
 
     def abort_room(room: int) -> None:
         entry = live.get(room)

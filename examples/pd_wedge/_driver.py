@@ -228,7 +228,7 @@ class Rig:
     def _send(self, arm: str, decode: str, tokens: int, deliver: bool) -> str:
         self.room += 1
         rid = f"{arm}-{self.room}"
-        self.prefill[arm].rpc.send("submit", rid=rid, room=self.room, tokens=tokens)
+        self.prefill[arm].rpc.send("submit", rid=rid, room=self.room, tokens=tokens, dest=decode)
         if deliver:
             # A killed decode loses the request (its pipe is closed), as a dead host would.
             self.decode[decode].rpc.send(
@@ -299,7 +299,7 @@ class Run:
     def _inject(self) -> None:
         a = self.rig.decode["A"]
         if self.scenario == "freeze":
-            a.rpc.call("flag", name="freeze_after_metadata")
+            self.prefill.rpc.call("freeze_after_send", dest="A", pid=a.pid)
         elif self.scenario == "kill":
             a.rpc.call("flag", name="kill_after_init")
         elif self.scenario == "mute":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -73,7 +74,7 @@ class Req:
     sampling params and a model config to construct. Carries the fields the prefill
     disaggregation code reads; ``origin_input_ids`` sets how many KV pages are sent."""
 
-    def __init__(self, rid: str, room: int, tokens: int, pages: np.ndarray, slot: int):
+    def __init__(self, rid: str, room: int, tokens: int, pages: np.ndarray, slot: int, dest: str):
         self.rid = rid
         self.bootstrap_room = room
         self.bootstrap_host = _kv.HOST
@@ -99,6 +100,7 @@ class Req:
         # harness bookkeeping (not read by SGLang)
         self.kv_pages = pages
         self.kv_slot = slot
+        self.dest = dest  # which decode the router sent it to
 
     def release_mm_inputs_on_abort(self) -> None:  # no multimodal inputs here
         pass
@@ -160,6 +162,9 @@ class MiniPrefillScheduler(SchedulerDisaggregationPrefillMixin):
         self.token_to_kv_pool_allocator = SimpleNamespace(page_size=1)
         self.streamed: list[tuple[float, Req]] = []
         self.output_streamer = SimpleNamespace(stream_output=self._stream_output)
+        # Fault injection (harness): (decode name, pid) to SIGSTOP right after this process
+        # hands the next room for that decode to its transfer engine.
+        self.freeze_after_send: tuple[str, int] | None = None
 
         # SGLang's real bootstrap queue; its __init__ wants a model runner, so the
         # fields it would derive from one are set directly.
@@ -189,6 +194,11 @@ class MiniPrefillScheduler(SchedulerDisaggregationPrefillMixin):
         assert last_chunk, "the demo's requests are a single chunk"
         self.pool.aux[req.metadata_buffer_index] = _kv.HostPool.pattern(req.bootstrap_room, 255)
         req.disagg_kv_sender.send(req.kv_pages)
+        if self.freeze_after_send is not None and self.freeze_after_send[0] == req.dest:
+            # Decode frozen mid-transfer: it has published its destination, this side has
+            # just queued the write, and the peer stops making progress now.
+            os.kill(self.freeze_after_send[1], signal.SIGSTOP)
+            self.freeze_after_send = None
 
     def forward(self) -> None:
         """One scheduler iteration up to the inflight queue, with SGLang's own queue logic."""
@@ -295,9 +305,9 @@ def run(conn: Connection, spec: dict) -> None:
     tick_no = 0
     running = True
 
-    def submit(rid: str, room: int, tokens: int) -> None:
+    def submit(rid: str, room: int, tokens: int, dest: str) -> None:
         slot, pages = sched.slots.alloc(tokens)
-        req = Req(rid, room, tokens, pages, slot)
+        req = Req(rid, room, tokens, pages, slot, dest)
         reqs[rid] = req
         submitted[rid] = (time.monotonic(), room, tokens)
         bq.add(req, num_kv_heads=1)  # real: creates the real KVSender
@@ -364,6 +374,9 @@ def run(conn: Connection, spec: dict) -> None:
         sched.streamed.clear()
         return out
 
+    def freeze_after_send(dest: str, pid: int) -> None:
+        sched.freeze_after_send = (dest, pid)
+
     def abort_left() -> int:
         n = 0
         for rid, *_ in snapshot()["rows"]:
@@ -379,6 +392,7 @@ def run(conn: Connection, spec: dict) -> None:
         "submit": submit,
         "abort": abort,
         "abort_left": abort_left,
+        "freeze_after_send": freeze_after_send,
         "snapshot": snapshot,
         "collect": collect,
         "ping": lambda: os.getpid(),
