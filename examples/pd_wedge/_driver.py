@@ -543,8 +543,12 @@ def _reason_key(reason: str) -> str:
         state = reason.split("KVPoll.", 1)[1].split(" ", 1)[0] if "KVPoll." in reason else "?"
         return f"stallguard: {state} deadline"
     text = reason.split(" with exception ", 1)[-1]
+    if text.startswith("KVTransferError(") and "): " in text:
+        text = text.split("): ", 1)[1]
     for marker in (
         "Aborted by AbortReq",
+        "Aborted by decode-side abort",
+        "unknown reason from another rank",
         "timed out after",
         "Failed to send kv chunk",
         "left a handle running",
