@@ -219,6 +219,16 @@ class Watchdog(Generic[K]):
         self._born: OrderedDict[K, float] | None = (
             OrderedDict() if spec.lifetime is not None else None
         )
+        # Every deadline clock as (FIFO of key -> start, seconds, reason): the state
+        # deadlines, the progress windows, the lifetime. Only FIFO heads can be due.
+        clocks: list[tuple[OrderedDict[Any, float], float, Any]] = [
+            (s.fifo, s.seconds, "state")
+            for s in self._timed  # type: ignore[misc]
+        ]
+        clocks += [(s.stall_fifo, s.stall, "stall") for s in self._stalled]  # type: ignore[misc]
+        if self._born is not None:
+            clocks.append((self._born, spec.lifetime, "lifetime"))  # type: ignore[arg-type]
+        self._clocks = tuple(clocks)
 
         self._where: dict[K, _Slot] = {}
         self._notes: dict[K, _Note] = {}
@@ -632,17 +642,11 @@ class Watchdog(Generic[K]):
 
     def _exact_due(self) -> float:
         due = _INF
-        for slot in self._timed:
-            fifo = slot.fifo
+        for fifo, seconds, _reason in self._clocks:
             if fifo:
-                due = min(due, fifo[next(iter(fifo))] + slot.seconds)  # type: ignore[index,operator]
-        for slot in self._stalled:
-            stall_fifo = slot.stall_fifo
-            if stall_fifo:
-                due = min(due, stall_fifo[next(iter(stall_fifo))] + slot.stall)  # type: ignore[operator]
-        born = self._born
-        if born:
-            due = min(due, born[next(iter(born))] + self._lifetime)  # type: ignore[operator]
+                head = fifo[next(iter(fifo))] + seconds
+                if head < due:
+                    due = head
         return due
 
     def _collect(self, now: float) -> list[Expiry[K]]:
@@ -740,36 +744,15 @@ class Watchdog(Generic[K]):
 
         # Several clocks: (key or (key, reason)) -> (due, key, reason, since, deadline)
         found: dict[Any, tuple[float, K, Any, float, float]] = {}
-        for slot in self._timed:
-            seconds = slot.seconds
-            for key, entered in slot.fifo.items():  # type: ignore[union-attr]
-                at = entered + seconds  # type: ignore[operator]
+        for fifo, seconds, reason in self._clocks:
+            for key, since in fifo.items():
+                at = since + seconds
                 if at > now:
                     break
-                slot_key = key if enforce else (key, "state")
+                slot_key = key if enforce else (key, reason)
                 prior = found.get(slot_key)
                 if prior is None or at < prior[0]:
-                    found[slot_key] = (at, key, "state", entered, seconds)  # type: ignore[assignment]
-        for slot in self._stalled:
-            stall = slot.stall
-            for key, beat in slot.stall_fifo.items():  # type: ignore[union-attr]
-                at = beat + stall  # type: ignore[operator]
-                if at > now:
-                    break
-                slot_key = key if enforce else (key, "stall")
-                prior = found.get(slot_key)
-                if prior is None or at < prior[0]:
-                    found[slot_key] = (at, key, "stall", beat, stall)  # type: ignore[assignment]
-        if self._born is not None:
-            lifetime = self._lifetime
-            for key, born in self._born.items():
-                at = born + lifetime  # type: ignore[operator]
-                if at > now:
-                    break
-                slot_key = key if enforce else (key, "lifetime")
-                prior = found.get(slot_key)
-                if prior is None or at < prior[0]:
-                    found[slot_key] = (at, key, "lifetime", born, lifetime)  # type: ignore[assignment]
+                    found[slot_key] = (at, key, reason, since, seconds)
         return sorted(found.values(), key=_by_due), None
 
     def _dispatch(self, expiries: list[Expiry[K]]) -> None:
