@@ -253,7 +253,7 @@ def ranks_clock_skew(info: Any, config_path: str) -> dict[str, Any]:
     return {
         "rank": info.rank,
         "conclusions": _conclusions(sched),
-        "expiries": [(e.key, e.state_label, round(e.elapsed, 3)) for e in expiries],
+        "expiries": [(str(e.key), e.state_label, round(e.elapsed, 3)) for e in expiries],
         "inflight": sched.inflight_rids(),
         "iterations": sched.iteration,
     }

@@ -75,7 +75,7 @@ def forced_count(backend, state, queue="inflight"):
 
 
 def guard_of(sched):
-    return sched.__dict__["_stallguard_inflight_guard"]
+    return sched._stallguard_inflight_guard
 
 
 # --------------------------------------------------------------------------- deadlines
@@ -118,7 +118,9 @@ def test_stuck_sender_failed_at_first_iteration_past_its_deadline(backend, state
     assert conclusion.outcome == expected
     assert f"spent {deadline:.1f}s in KVPoll.{state}" in conclusion.message
     assert f"past its {deadline:g}s deadline" in conclusion.message
-    assert [(e.key, e.state_label, e.deadline) for e in expiries] == [("stuck", state, deadline)]
+    assert [(str(e.key), e.state_label, e.deadline) for e in expiries] == [
+        ("stuck", state, deadline)
+    ]
     attributes = expiries[0].attributes
     assert attributes["sglang.rid"] == "stuck" and attributes["sglang.backend"] == backend
     assert attributes["sglang.bootstrap_room"] == stuck.bootstrap_room
@@ -212,7 +214,7 @@ def test_fake_sender_of_a_warmup_request():
         sched.step()
     assert sched.conclusions["b"].outcome == "success"
     assert sched.conclusions["a"].outcome == "transfer_failed"  # via its conclude_state
-    assert [(e.key, e.state_label) for e in expiries] == [("a", "WaitingForInput")]
+    assert [(str(e.key), e.state_label) for e in expiries] == [("a", "WaitingForInput")]
     assert expiries[0].attributes["sglang.backend"] == "fake"
 
 
@@ -227,7 +229,7 @@ def test_report_mode_fails_nothing():
             sched.step()
     assert sched.inflight_rids() == ["stuck"]
     assert sched.conclusions == {}
-    assert [(e.key, e.mode) for e in expiries] == [("stuck", "report")]
+    assert [(str(e.key), e.mode) for e in expiries] == [("stuck", "report")]
 
 
 def test_progress_window_renewed_by_each_chunk():
@@ -268,7 +270,7 @@ def tracked(sched):
 
 
 def _keys(wd):
-    return {r.key for r in wd.snapshot().requests}
+    return {str(r.key) for r in wd.snapshot().requests}
 
 
 def test_steady_state_enrolls_the_tail_without_rescanning():
@@ -313,7 +315,7 @@ def test_every_request_in_the_queue_is_guarded_however_it_got_there():
         sched.step()
     assert sorted(sched.conclusions) == ["front", "new-list", "r0", "r2"]
     assert all(c.outcome == "transfer_failed" for c in sched.conclusions.values())
-    assert sorted(e.key for e in expiries) == ["front", "new-list", "r0", "r2"]
+    assert sorted(str(e.key) for e in expiries) == ["front", "new-list", "r0", "r2"]
 
 
 def test_requests_that_left_are_forgotten_everywhere():
@@ -362,8 +364,9 @@ def test_concurrent_updates_from_transfer_threads_lose_nothing():
         for t in threads:
             t.join()
         sched.step()
-        wd = guard_of(sched).watchdogs["nixl"]
-        assert {wd.state_of(r.rid) for r in reqs} == {"Transferring"}
+        guard = guard_of(sched)
+        wd = guard.watchdogs["nixl"]
+        assert {wd.state_of(guard.entries[id(r)]) for r in reqs} == {"Transferring"}
         clock.advance(DEADLINES["Transferring"] - 0.5)  # Transferring entered at T0, not later
         sched.step()
         assert len(sched.inflight_rids()) == 400

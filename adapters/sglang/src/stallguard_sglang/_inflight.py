@@ -28,6 +28,7 @@ How it works (docs/sglang.md has the why):
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -74,6 +75,7 @@ FAKE_ABORT_TARGET = "sglang.srt.disaggregation.fake.conn.FakeKVSender.abort"
 #: ``KVPoll`` values (plain ints in SGLang) -> state names.
 KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
 _FAILED, _BOOTSTRAPPING, _WAITING, _TRANSFERRING, _SUCCESS = range(5)
+_CONCLUDED = frozenset((_FAILED, _SUCCESS))  # observed terminal: no longer tracked
 _TERMINAL = ("Success", "Failed")
 
 # Attributes the adapter sets on SGLang objects (names nobody else uses).
@@ -81,6 +83,8 @@ _ROOMS = "_stallguard_rooms"  # on a CommonKVManager: room -> _Entry
 _FAKE = "_stallguard_entry"  # on a FakeKVSender: its _Entry
 _INFLIGHT_GUARD = "_stallguard_inflight_guard"  # on a scheduler
 _BOOTSTRAP_GUARD = "_stallguard_bootstrap_guard"  # on a PrefillBootstrapQueue
+
+_UNSEEN: Any = object()
 
 _BACKEND_MODULES = {
     "sglang.srt.disaggregation.nixl.conn": "nixl",
@@ -161,51 +165,114 @@ def set_runtime(rt: Runtime | None) -> None:
 class _Lane:
     """One backend's watchdog within one queue guard."""
 
-    __slots__ = ("backend", "heartbeat", "profile", "wd")
+    __slots__ = (
+        "backend",
+        "clock",
+        "common",
+        "guard",
+        "heartbeat",
+        "lag",
+        "pending",
+        "profile",
+        "static",
+        "wd",
+    )
 
-    def __init__(self, backend: str, profile: BackendProfile, wd: Watchdog[Any]) -> None:
+    def __init__(
+        self, guard: _QueueGuard, backend: str, profile: BackendProfile, wd: Watchdog[Any]
+    ) -> None:
+        self.guard = guard
         self.backend = backend
         self.profile = profile
+        self.common = profile.common
         self.wd = wd
+        self.clock = wd.clock
+        deadlines = wd.spec.deadlines
         # states with a progress window: a repeated update_status of the same state (a
         # NIXL worker moving the next chunk) renews it.
         self.heartbeat = frozenset(
-            KVPOLL.index(label)
-            for label, deadline in ((str(s), d) for s, d in wd.spec.deadlines.items())
-            if deadline.stall is not None
+            KVPOLL.index(str(state)) for state, d in deadlines.items() if d.stall is not None
         )
+        # Span attributes are attached (annotate) only to requests still queued after
+        # half the shortest deadline: nothing can expire earlier, and most requests
+        # are gone by then, so most never pay for it. None: nothing ever expires.
+        bounds = [v for d in deadlines.values() for v in (d.seconds, d.stall) if v is not None]
+        self.lag: float | None = min(bounds) / 2 if bounds else None
+        self.pending: collections.deque[tuple[float, _Entry]] = collections.deque()
+        self.static = {
+            "sglang.backend": backend,
+            "sglang.tp_rank": -1 if guard.tp_rank is None else guard.tp_rank,
+            "sglang.queue": guard.kind,
+        }
+
+    def annotate_due(self) -> None:
+        """Attach span attributes to the requests queued for at least ``lag`` seconds
+        (call before ``check()``)."""
+        pending = self.pending
+        now = self.clock()
+        annotate = self.wd.annotate
+        while pending and pending[0][0] <= now:
+            entry = pending.popleft()[1]
+            if entry.live:
+                req = entry.req
+                attributes = {
+                    "sglang.rid": str(req.rid),
+                    "sglang.bootstrap_room": entry.room,
+                    **self.static,
+                }
+                annotate(entry, attributes=attributes, trace_parent=_trace_parent(req))
 
 
 class _Entry:
-    """One enrolled request."""
+    """One enrolled request, and its key in the watchdog: unique per stay in the queue
+    (a requeued request, or a client reusing a rid, gets a new one), shown as the rid."""
 
-    __slots__ = ("forced", "guard", "key", "lane", "live", "mgr", "req", "room", "sender", "state")
+    __slots__ = (
+        "forced",
+        "lane",
+        "live",
+        "mgr",
+        "req",
+        "rid",
+        "room",
+        "rooms",
+        "sender",
+        "state",
+        "status_get",
+    )
 
-    def __init__(self, guard: _QueueGuard, lane: _Lane, req: Any, sender: Any, key: Any) -> None:
-        self.guard = guard
+    def __init__(self, lane: _Lane, req: Any, sender: Any, room: Any, mgr: Any) -> None:
         self.lane = lane
         self.req = req
+        self.rid = req.rid
         self.sender = sender
-        self.key = key
-        self.room = req.bootstrap_room
-        self.mgr = getattr(sender, "kv_mgr", None)
-        self.state: int | None = None
+        self.room = room
+        self.mgr = mgr
+        # CommonKVSender backends: the manager's request_status.get (None for fake)
+        self.status_get = None if mgr is None else mgr.request_status.get
+        self.rooms: dict[Any, _Entry] | None = None  # the manager's room -> entry map
         self.live = True
+        self.state: int | None = None
         #: the failure reason, once stallguard failed the request
         self.forced: str | None = None
 
+    def __repr__(self) -> str:
+        return repr(self.rid)
+
+    def __str__(self) -> str:
+        return str(self.rid)
+
 
 def _read_state(entry: _Entry) -> int | None:
-    """The request's local sender state now (an int ``KVPoll`` value), or None if its
-    room is gone (cleared: the request is concluding)."""
-    sender = entry.sender
-    concluded = sender.conclude_state
+    """The request's local sender state now (a ``KVPoll`` value: an int), or None if
+    its room is gone (cleared: the request is concluding)."""
+    concluded = entry.sender.conclude_state
     if concluded is not None:
-        return int(concluded)
-    if entry.lane.profile.common:
-        status = entry.mgr.request_status.get(entry.room)
-        return None if status is None else int(status)
-    return _SUCCESS if sender.has_sent else _WAITING
+        return concluded  # type: ignore[no-any-return]
+    get = entry.status_get
+    if get is not None:
+        return get(entry.room)  # type: ignore[no-any-return]
+    return _SUCCESS if entry.sender.has_sent else _WAITING
 
 
 def _trace_parent(req: Any) -> Any:
@@ -240,7 +307,6 @@ class _QueueGuard:
         self.kind = kind  # "inflight" | "bootstrap"
         self.tp_rank = tp_rank
         self.entries: dict[int, _Entry] = {}  # id(req) -> entry
-        self.by_key: dict[Any, _Entry] = {}
         self.lanes: dict[str, _Lane | None] = {}
         self.checks: tuple[_Lane, ...] = ()
         self.seen_list: list[Any] | None = None
@@ -282,8 +348,11 @@ class _QueueGuard:
                 clock=self.rt.clock,
                 on_expire=self._on_expire if mode == "enforce" else None,
                 mode=mode,  # type: ignore[arg-type]
+                # keys are unique per stay in the queue and the hooks drop events for
+                # requests that left: no need to remember concluded keys
+                memory=1,
             )
-            lane = _Lane(backend, PROFILES[backend], wd)
+            lane = _Lane(self, backend, PROFILES[backend], wd)
             self.checks = (*self.checks, lane)
         self.lanes[backend] = lane
         return lane
@@ -309,6 +378,8 @@ class _QueueGuard:
         self.seen_len = n
         self.seen_tail = queue[-1] if n else None
         for lane in self.checks:
+            if lane.pending:
+                lane.annotate_due()
             expiries = lane.wd.check()
             if expiries and lane.wd.mode == "report":
                 for expiry in expiries:
@@ -321,11 +392,12 @@ class _QueueGuard:
         that left silently), and remember the new list."""
         if left:
             entries = self.entries
+            leave = self._leave
             with self.rt.lock:
                 for req in left:
                     entry = entries.get(id(req))
                     if entry is not None:
-                        self._leave(entry)
+                        leave(entry)
         if len(queue) != before_len - len(left):
             self._resync(queue)
         self.seen_list = queue
@@ -349,100 +421,114 @@ class _QueueGuard:
 
     def _enroll(self, reqs: list[Any]) -> None:
         rt = self.rt
+        entries = self.entries
+        lanes = self.lanes
+        backend_of = rt._backend_of
+        annotate_at: dict[_Lane, float] = {}  # one clock read per lane and batch
         with rt.lock:
             for req in reqs:
-                if id(req) in self.entries:
+                if id(req) in entries:
                     continue
                 sender = getattr(req, "disagg_kv_sender", None)
                 if sender is None:
                     continue
-                backend = rt.backend_of(sender)
-                if backend is None:
-                    continue
-                lane = self._lane(backend)
+                backend = backend_of.get(type(sender), _UNSEEN)
+                if backend is _UNSEEN:
+                    backend = rt.backend_of(sender)
+                lane = lanes.get(backend, _UNSEEN) if backend is not None else None
+                if lane is _UNSEEN:
+                    lane = self._lane(backend)
                 if lane is None:
                     continue
-                key = req.rid
-                if key in self.by_key:  # a duplicate rid: keep both guarded
-                    key = (key, id(req))
-                entry = _Entry(self, lane, req, sender, key)
-                if lane.profile.common:
-                    rooms = entry.mgr.__dict__.get(_ROOMS)
+                room = req.bootstrap_room
+                if lane.common:
+                    mgr = sender.kv_mgr
+                    entry = _Entry(lane, req, sender, room, mgr)
+                    rooms = getattr(mgr, _ROOMS, None)
                     if rooms is None:
                         rooms = {}
-                        setattr(entry.mgr, _ROOMS, rooms)
-                    rooms[entry.room] = entry
+                        setattr(mgr, _ROOMS, rooms)
+                    rooms[room] = entry
+                    entry.rooms = rooms
                 else:
+                    entry = _Entry(lane, req, sender, room, None)
                     setattr(sender, _FAKE, entry)
-                self.entries[id(req)] = entry
-                self.by_key[key] = entry
-                state = _read_state(entry)
-                entry.state = state
+                entries[id(req)] = entry
+                state = entry.state = _read_state(entry)
                 if state is not None:
-                    lane.wd.observe(key, KVPOLL[state])
-                    lane.wd.annotate(
-                        key,
-                        attributes={
-                            "sglang.rid": str(req.rid),
-                            "sglang.bootstrap_room": entry.room,
-                            "sglang.backend": lane.backend,
-                            "sglang.tp_rank": -1 if self.tp_rank is None else self.tp_rank,
-                            "sglang.queue": self.kind,
-                        },
-                        trace_parent=_trace_parent(req),
-                    )
+                    lane.wd.observe(entry, KVPOLL[state])
+                    if lane.lag is not None:
+                        at = annotate_at.get(lane)
+                        if at is None:
+                            at = annotate_at[lane] = lane.clock() + lane.lag
+                        lane.pending.append((at, entry))
 
     def _leave(self, entry: _Entry) -> None:
         """Forget a request that left the queue (lock held)."""
         entry.live = False
-        self.entries.pop(id(entry.req), None)
-        if self.by_key.get(entry.key) is entry:
-            del self.by_key[entry.key]
-        if entry.lane.profile.common:
-            rooms = entry.mgr.__dict__.get(_ROOMS)
-            if rooms is not None and rooms.get(entry.room) is entry:
+        del self.entries[id(entry.req)]
+        rooms = entry.rooms
+        if rooms is not None:
+            if rooms.get(entry.room) is entry:
                 del rooms[entry.room]
         elif getattr(entry.sender, _FAKE, None) is entry:
             delattr(entry.sender, _FAKE)
-        # remember=False: the key may come back (a requeued request re-enters the queue)
-        entry.lane.wd.forget(entry.key, remember=False)
+        if entry.state not in _CONCLUDED:  # the watchdog may still track it: untrack
+            entry.lane.wd.forget(entry, remember=False)
+        # the entry may live on a little (pending annotation, the watchdog's last
+        # tombstone): do not keep the finished request alive with it
+        entry.req = entry.sender = None
 
     # ------------------------------------------------------------------ state changes
 
     def changed(self, entry: _Entry) -> None:
         """SGLang changed *entry*'s sender state (any thread): observe the result."""
+        # Fast path without the lock: nothing this thread could observe changed (a
+        # repeated status, e.g. a NIXL worker's next chunk). A change made by another
+        # thread is observed by that thread, under the lock. (_read_state inlined: this
+        # runs on every update_status of an enrolled room.)
+        sender = entry.sender
+        if sender is None:  # left the queue meanwhile
+            return
+        get = entry.status_get
+        state = sender.conclude_state
+        if state is None:
+            state = get(entry.room) if get is not None else _read_state(entry)
+        lane = entry.lane
+        if state == entry.state and state not in lane.heartbeat:
+            return
         with self.rt.lock:
             if not entry.live:
                 return
-            state = _read_state(entry)
+            state = _read_state(entry)  # again, now that no other thread can observe
             if state is None:
                 return
             if state == entry.state:
-                if state in entry.lane.heartbeat:
-                    entry.lane.wd.heartbeat(entry.key)
+                if state in lane.heartbeat:
+                    lane.wd.heartbeat(entry)
                 return
             entry.state = state
-            entry.lane.wd.observe(entry.key, KVPOLL[state])
+            lane.wd.observe(entry, KVPOLL[state])
 
     # ------------------------------------------------------------------ enforcement
 
     def _on_expire(self, expiry: Expiry[Any]) -> None:
-        entry = self.by_key.get(expiry.key)
-        if entry is None or not entry.live:
+        entry = expiry.key
+        if not isinstance(entry, _Entry) or not entry.live:
             return
         with self.rt.lock:
             state = _read_state(entry)
         if state is None or state in (_SUCCESS, _FAILED):
             log.info(
                 "stallguard-sglang: %s concluded (%s) as its deadline fired; not failing it",
-                entry.req.rid,
+                entry.rid,
                 "cleared" if state is None else KVPOLL[state],
             )
             return
         reason = _reason(expiry, entry, self.kind)
         entry.forced = reason
         lane = entry.lane
-        if lane.profile.common:
+        if lane.common:
             _fail_common(entry.mgr, entry.room, reason)
         else:
             entry.sender.conclude_state = _FAILED
@@ -457,7 +543,7 @@ def _reason(expiry: Expiry[Any], entry: _Entry, queue: str) -> str:
         what = f"spent {expiry.elapsed:.1f}s in KVPoll.{expiry.state_label}"
         window = "deadline"
     return (
-        f"stallguard: request {entry.req.rid} (bootstrap_room {entry.room}, "
+        f"stallguard: request {entry.rid} (bootstrap_room {entry.room}, "
         f"{entry.lane.backend}) {what} in the prefill {queue} queue, past its "
         f"{expiry.deadline:g}s {window}"
     )
@@ -496,23 +582,35 @@ def _scheduler_backends(sched: Any) -> list[str]:
     return list(PROFILES)
 
 
+def _new_guard(owner: Any, attr: str, kind: str, sched: Any) -> _QueueGuard | None:
+    rt = _runtime
+    if rt is None:
+        return None
+    try:
+        rt.log_support_table(_scheduler_backends(sched))
+        _metrics.prepare()
+        guard = _QueueGuard(rt, kind, _tp_rank(sched))
+        setattr(owner, attr, guard)
+        return guard
+    except Exception:
+        _report_error(f"setting up the {kind} queue guard")
+        return None
+
+
+# Note: the hooks read their state with getattr(), never through obj.__dict__: in CPython
+# 3.11+ touching __dict__ materializes the instance dict, which makes every later
+# attribute access on that object slower (SGLang reads manager attributes per poll).
+
+
 def inflight_around(original: Callable[..., Any], sched: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook of the prefill mixin's ``process_disagg_prefill_inflight_queue``."""
-    guard = sched.__dict__.get(_INFLIGHT_GUARD)
-    queue = sched.disagg_prefill_inflight_queue
+    guard = getattr(sched, _INFLIGHT_GUARD, None)
     if guard is None:
-        rt = _runtime
-        if rt is None or not queue:  # not installed, or nothing to guard yet
+        guard = _new_guard(sched, _INFLIGHT_GUARD, "inflight", sched)
+        if guard is None:
             return original(sched, *args, **kwargs)
-        try:
-            rt.log_support_table(_scheduler_backends(sched))
-            _metrics.prepare()
-            guard = _QueueGuard(rt, "inflight", _tp_rank(sched))
-            setattr(sched, _INFLIGHT_GUARD, guard)
-        except Exception:
-            _report_error("process_disagg_prefill_inflight_queue")
-            return original(sched, *args, **kwargs)
-    elif not queue and not guard.entries:
+    queue = sched.disagg_prefill_inflight_queue
+    if not queue and not guard.entries:
         return original(sched, *args, **kwargs)
     try:
         guard.before(queue)
@@ -529,22 +627,13 @@ def inflight_around(original: Callable[..., Any], sched: Any, *args: Any, **kwar
 
 def bootstrap_around(original: Callable[..., Any], bq: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook of ``PrefillBootstrapQueue.pop_bootstrapped``."""
-    guard = bq.__dict__.get(_BOOTSTRAP_GUARD)
-    queue = bq.queue
+    guard = getattr(bq, _BOOTSTRAP_GUARD, None)
     if guard is None:
-        rt = _runtime
-        if rt is None or not queue:
+        guard = _new_guard(bq, _BOOTSTRAP_GUARD, "bootstrap", getattr(bq, "scheduler", None))
+        if guard is None:
             return original(bq, *args, **kwargs)
-        try:
-            sched = getattr(bq, "scheduler", None)
-            rt.log_support_table(_scheduler_backends(sched))
-            _metrics.prepare()
-            guard = _QueueGuard(rt, "bootstrap", _tp_rank(sched))
-            setattr(bq, _BOOTSTRAP_GUARD, guard)
-        except Exception:
-            _report_error("pop_bootstrapped")
-            return original(bq, *args, **kwargs)
-    elif not queue and not guard.entries:
+    queue = bq.queue
+    if not queue and not guard.entries:
         return original(bq, *args, **kwargs)
     try:
         guard.before(queue)
@@ -560,16 +649,18 @@ def bootstrap_around(original: Callable[..., Any], bq: Any, *args: Any, **kwargs
     return result
 
 
-def update_status_around(original: Callable[..., Any], mgr: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook of ``CommonKVManager.update_status(room, status)``: after SGLang
-    applied the change, observe the room's resulting status if it is enrolled."""
-    result = original(mgr, *args, **kwargs)
-    rooms = mgr.__dict__.get(_ROOMS)
+def update_status_around(
+    original: Callable[..., Any], mgr: Any, bootstrap_room: Any, status: Any
+) -> Any:
+    """AROUND hook of ``CommonKVManager.update_status(bootstrap_room, status)``: after
+    SGLang applied the change, observe the room's resulting status if it is enrolled."""
+    result = original(mgr, bootstrap_room, status)
+    rooms = getattr(mgr, _ROOMS, None)
     if rooms:
-        entry = rooms.get(args[0] if args else kwargs.get("bootstrap_room"))
+        entry = rooms.get(bootstrap_room)
         if entry is not None:
             try:
-                entry.guard.changed(entry)
+                entry.lane.guard.changed(entry)
             except Exception:
                 _report_error("update_status")
     return result
@@ -577,10 +668,10 @@ def update_status_around(original: Callable[..., Any], mgr: Any, *args: Any, **k
 
 def fake_after(result: Any, sender: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER hook of ``FakeKVSender.send`` / ``.abort``."""
-    entry = sender.__dict__.get(_FAKE)
+    entry = getattr(sender, _FAKE, None)
     if entry is not None:
         try:
-            entry.guard.changed(entry)
+            entry.lane.guard.changed(entry)
         except Exception:
             _report_error("FakeKVSender")
     return None

@@ -167,7 +167,7 @@ def _fake_has_waiting_timeout(version: str | None) -> bool | None:
     import sys
 
     module = sys.modules.get("sglang.srt.disaggregation.fake.conn")
-    if module is not None:
+    if module is not None and (version is None or version == sglang_version()):
         return hasattr(module.FakeKVSender, "_check_waiting_timeout")
     if version is None:
         return None

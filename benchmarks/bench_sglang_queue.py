@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""What stallguard-sglang costs an iteration of SGLang's prefill inflight queue.
+
+Runs the REAL ``SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue``
+of the installed SGLang over N inflight requests with real ``NixlKVSender`` objects
+(managers without a transfer engine: ``tests/sglang_support``), in three arms that
+alternate in this one process:
+
+* ``disabled``: SGLang as shipped;
+* ``enabled``: stallguard-sglang as a server loads it: ``STALLGUARD_SGLANG_CONFIG`` names a
+  config file and SGLang's own ``load_plugins()`` applies the hooks (the inflight-queue
+  AROUND hook and the ``update_status`` hook that observes state changes where they
+  happen);
+* ``naive``: the re-poll design the adapter replaced, for comparison: before each
+  iteration, poll every queued sender locally and ``observe()`` its state, ``check()``,
+  then call the original and forget the requests that left.
+
+``load_plugins()`` patches the classes once; the arms take turns by putting either the
+functions it installed or the originals (``__wrapped__``) back on the classes. Each arm
+has its own scheduler, manager and requests. Every iteration of every arm does the same
+work: a few rooms change state through the manager's ``update_status`` (two reach
+Success and leave the queue, two move from WaitingForInput to Transferring), then the
+queue method runs; two new requests join the queue afterwards, outside the timing, so N
+stays constant. The timing covers the ``update_status`` calls and the queue call.
+
+Prints, per N, the median per-iteration time of each arm (and per request) and the
+enabled/disabled and naive/disabled ratios of the medians. The garbage collector stays on.
+``--quick`` only checks that the script works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # sglang_support (also put there by tools/dev.py)
+
+WFI, TRANSFERRING, SUCCESS = 2, 3, 4
+KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
+CONFIG = """
+# nothing may expire while the queue is timed
+[prefill.deadlines]
+Bootstrapping = 1e6
+WaitingForInput = 1e6
+Transferring = 1e6
+"""
+pc = time.perf_counter_ns
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Arm:
+    """One scheduler with N inflight NIXL requests, driven identically in every arm."""
+
+    def __init__(self, name: str, n: int, sgs: Any, install: dict[Any, Any]) -> None:
+        self.name = name
+        self.sgs = sgs
+        self.install = install  # {(class, attribute): function} for this arm
+        self.sched = sgs.FakeScheduler()
+        self.mgr = sgs.make_manager("nixl")
+        self.n = n
+        self.counter = 0
+        self.samples: list[int] = []
+        self.round_medians: list[float] = []
+        self.waiting: collections.deque[int] = collections.deque()  # rooms in WaitingForInput
+        self.sched.disagg_prefill_inflight_queue.extend(self.new_request() for _ in range(n))
+
+    def new_request(self) -> Any:
+        sgs = self.sgs
+        self.counter += 1
+        sender = sgs.make_sender(self.mgr, sgs.next_room())
+        sgs.set_status(sender, WFI)
+        if self.counter % 2:
+            sgs.set_status(sender, TRANSFERRING)
+        else:
+            self.waiting.append(sender.bootstrap_room)
+        return sgs.make_request(f"{self.name}-{self.counter}", sender)
+
+    def activate(self) -> None:
+        for (cls, attr), fn in self.install.items():
+            setattr(cls, attr, fn)
+
+    def iterate(self, iterations: int) -> None:
+        sched, mgr = self.sched, self.mgr
+        queue_call = sched.process_disagg_prefill_inflight_queue
+        for _ in range(iterations):
+            queue = sched.disagg_prefill_inflight_queue
+            # two requests complete (the oldest), two move on to Transferring
+            done = [r.bootstrap_room for r in queue[:2]]
+            moving = []
+            while len(moving) < 2 and self.waiting:
+                room = self.waiting.popleft()
+                if room not in done and mgr.request_status.get(room) == WFI:
+                    moving.append(room)
+            changes = [(room, SUCCESS) for room in done] + [(room, TRANSFERRING) for room in moving]
+            update = mgr.update_status
+            t0 = pc()
+            for room, status in changes:
+                update(room, status)
+            queue_call()
+            self.samples.append(pc() - t0)
+            # refill outside the timing: N stays constant
+            missing = self.n - len(sched.disagg_prefill_inflight_queue)
+            sched.disagg_prefill_inflight_queue.extend(self.new_request() for _ in range(missing))
+
+
+def naive_around(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
+    """The re-poll design: local poll + observe of every queued sender, every iteration."""
+    wd = sched.__dict__.get("_naive_wd")
+    if wd is None:
+        import stallguard as sg
+
+        spec = sg.Spec(
+            name="naive",
+            deadlines=dict.fromkeys(KVPOLL[1:4], 1e6),
+            terminal=("Success", "Failed"),
+        )
+        wd = sched._naive_wd = sg.Watchdog(spec)
+    observe = wd.observe
+    for req in sched.disagg_prefill_inflight_queue:
+        observe(req.rid, KVPOLL[req.disagg_kv_sender.poll()])
+    wd.check()
+    done = original(sched, *args, **kwargs)
+    for req in done:
+        wd.forget(req.rid, remember=False)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default="100,1000,10000", help="inflight requests per run")
+    parser.add_argument("--rounds", type=int, default=40, help="alternations of the arms")
+    parser.add_argument("--batch", type=int, default=10, help="iterations per arm per round")
+    parser.add_argument("--quick", action="store_true", help="tiny run: checks the script only")
+    args = parser.parse_args(argv)
+    counts = [int(c) for c in args.counts.split(",")]
+    if args.quick:
+        counts, args.rounds, args.batch = [50], 2, 3
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as config:
+        config.write(CONFIG)
+    os.environ["STALLGUARD_SGLANG_CONFIG"] = config.name
+    os.environ.pop("STALLGUARD_SGLANG", None)
+
+    t_import = time.monotonic()
+    import sglang
+    import sglang_support as sgs
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+    from sglang.srt.disaggregation.prefill import SchedulerDisaggregationPrefillMixin
+    from sglang.srt.plugins import load_plugins
+
+    from stallguard.instrumentation import set_on_expire_hooks
+
+    log(f"imported sglang {sglang.__version__} in {time.monotonic() - t_import:.1f}s")
+
+    mixin, manager = SchedulerDisaggregationPrefillMixin, CommonKVManager
+    queue_attr, status_attr = "process_disagg_prefill_inflight_queue", "update_status"
+    original_queue = mixin.__dict__[queue_attr]
+    original_status = manager.__dict__[status_attr]
+    load_plugins()  # as run_scheduler_process does: the adapter's register() runs here
+    enabled_queue = mixin.__dict__[queue_attr]
+    enabled_status = manager.__dict__[status_attr]
+    if enabled_queue.__wrapped__ is not original_queue or enabled_status is original_status:
+        raise SystemExit("load_plugins() did not install stallguard-sglang's hooks")
+    set_on_expire_hooks([])  # nothing expires; keep the hooks out of the picture anyway
+
+    def naive_queue(self: Any, *a: Any, **k: Any) -> Any:
+        return naive_around(original_queue, self, *a, **k)
+
+    installs = {
+        "disabled": {(mixin, queue_attr): original_queue, (manager, status_attr): original_status},
+        "enabled": {(mixin, queue_attr): enabled_queue, (manager, status_attr): enabled_status},
+        "naive": {(mixin, queue_attr): naive_queue, (manager, status_attr): original_status},
+    }
+    sgs.setup_context(0, 1)
+
+    results = []
+    load0 = os.getloadavg()[0]
+    for n in counts:
+        log(f"N={n}: building {3 * n} requests")
+        arms = []
+        for name, install in installs.items():
+            arm = Arm(name, n, sgs, install)
+            arm.activate()  # creation goes through this arm's update_status
+            arms.append(arm)
+        for arm in arms:  # warm-up: enrolls the initial requests (not timed)
+            arm.activate()
+            arm.iterate(3)
+            arm.samples.clear()
+        for r in range(args.rounds):
+            order = arms if r % 2 == 0 else arms[::-1]
+            for arm in order:
+                arm.activate()
+                gc.collect()
+                start = len(arm.samples)
+                arm.iterate(args.batch)
+                arm.round_medians.append(statistics.median(arm.samples[start:]))
+        medians = {arm.name: statistics.median(arm.samples) for arm in arms}
+        # the same ratio from rounds run back to back: robust to slow drifts in load
+        paired = {
+            arm.name: statistics.median(
+                a / b for a, b in zip(arm.round_medians, arms[0].round_medians, strict=True)
+            )
+            for arm in arms
+        }
+        for arm in arms:
+            if len(arm.sched.disagg_prefill_inflight_queue) != n:
+                raise SystemExit(f"{arm.name}: the queue no longer holds {n} requests")
+        arms[1].activate()
+        arms[1].sched.process_disagg_prefill_inflight_queue()  # enrolls the last refill
+        guard = getattr(arms[1].sched, "_stallguard_inflight_guard", None)
+        tracked = sum(len(wd) for wd in guard.watchdogs.values()) if guard else 0
+        if tracked != n:
+            raise SystemExit(f"enabled arm tracks {tracked} requests, expected {n}")
+        results.append((n, medians, len(arms[0].samples), paired))
+        log(f"N={n}: " + ", ".join(f"{k} {v / 1000:.1f} us" for k, v in medians.items()))
+    load1 = os.getloadavg()[0]
+
+    print("## SGLang inflight queue: per-iteration cost\n")
+    print(
+        f"SGLang {sglang.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load0:.2f} -> {load1:.2f}; "
+        f"{args.rounds} alternations x {args.batch} iterations per arm and N.\n"
+    )
+    print("| inflight N | disabled | enabled | naive re-poll | enabled/disabled | naive/disabled |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, med, _samples, paired in results:
+        d, e, v = med["disabled"], med["enabled"], med["naive"]
+        print(
+            f"| {n:,} | {d / 1000:,.1f} us ({d / n:.0f} ns/req) | {e / 1000:,.1f} us "
+            f"({e / n:.0f} ns/req) | {v / 1000:,.1f} us ({v / n:.0f} ns/req) | "
+            f"{e / d:.3f} (paired {paired['enabled']:.3f}) | {v / d:.2f} |"
+        )
+    print(
+        f"\nMedians of {results[0][2]} iterations per arm and N, in microseconds per "
+        "iteration (4 update_status calls + one process_disagg_prefill_inflight_queue) "
+        "and nanoseconds per inflight request. Ratios: of the medians, and (paired) the "
+        "median over rounds of the ratio of the round medians of arms run back to back."
+    )
+    ratios = [
+        max(med["enabled"] / med["disabled"], paired["enabled"])
+        for n, med, _, paired in results
+        if n >= 1000
+    ]
+    if ratios:
+        worst = max(ratios)
+        verdict = "PASS" if worst <= 1.05 else "MISS"
+        print(f"\nTarget enabled/disabled <= 1.05 at N >= 1,000: worst {worst:.3f} ({verdict})")
+    os.unlink(config.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
