@@ -393,11 +393,15 @@ class _QueueGuard:
         if left:
             entries = self.entries
             leave = self._leave
-            with self.rt.lock:
+            lock = self.rt.lock
+            lock.acquire()
+            try:
                 for req in left:
                     entry = entries.get(id(req))
                     if entry is not None:
                         leave(entry)
+            finally:
+                lock.release()
         if len(queue) != before_len - len(left):
             self._resync(queue)
         self.seen_list = queue
@@ -425,7 +429,8 @@ class _QueueGuard:
         lanes = self.lanes
         backend_of = rt._backend_of
         annotate_at: dict[_Lane, float] = {}  # one clock read per lane and batch
-        with rt.lock:
+        rt.lock.acquire()
+        try:
             for req in reqs:
                 if id(req) in entries:
                     continue
@@ -462,6 +467,8 @@ class _QueueGuard:
                         if at is None:
                             at = annotate_at[lane] = lane.clock() + lane.lag
                         lane.pending.append((at, entry))
+        finally:
+            rt.lock.release()
 
     def _leave(self, entry: _Entry) -> None:
         """Forget a request that left the queue (lock held)."""
@@ -482,33 +489,41 @@ class _QueueGuard:
     # ------------------------------------------------------------------ state changes
 
     def changed(self, entry: _Entry) -> None:
-        """SGLang changed *entry*'s sender state (any thread): observe the result."""
-        # Fast path without the lock: nothing this thread could observe changed (a
-        # repeated status, e.g. a NIXL worker's next chunk). A change made by another
-        # thread is observed by that thread, under the lock. (_read_state inlined: this
-        # runs on every update_status of an enrolled room.)
+        """SGLang may have changed *entry*'s sender state (any thread): observe it."""
+        # Fast path without the lock: nothing this thread could observe changed. A
+        # change made by another thread is observed by that thread, under the lock.
         sender = entry.sender
         if sender is None:  # left the queue meanwhile
             return
-        get = entry.status_get
         state = sender.conclude_state
         if state is None:
+            get = entry.status_get
             state = get(entry.room) if get is not None else _read_state(entry)
-        lane = entry.lane
-        if state == entry.state and state not in lane.heartbeat:
-            return
-        with self.rt.lock:
+        if state != entry.state or state in entry.lane.heartbeat:
+            self.observe_change(entry)
+
+    def observe_change(self, entry: _Entry) -> None:
+        """Read *entry*'s state and observe it, under the lock (so that observations
+        of one request, from any threads, follow its state's order)."""
+        # (acquire/release, not `with`: this runs on every change of an enrolled
+        # room's status, and `with` costs twice as much)
+        lock = self.rt.lock
+        lock.acquire()
+        try:
             if not entry.live:
                 return
-            state = _read_state(entry)  # again, now that no other thread can observe
+            state = _read_state(entry)
             if state is None:
                 return
+            lane = entry.lane
             if state == entry.state:
                 if state in lane.heartbeat:
                     lane.wd.heartbeat(entry)
                 return
             entry.state = state
             lane.wd.observe(entry, KVPOLL[state])
+        finally:
+            lock.release()
 
     # ------------------------------------------------------------------ enforcement
 
@@ -658,9 +673,12 @@ def update_status_around(
     rooms = getattr(mgr, _ROOMS, None)
     if rooms:
         entry = rooms.get(bootstrap_room)
-        if entry is not None:
+        # update_status only moves a room forward (or to Failed): if *status* is the
+        # state last observed, this call changed nothing that this thread must observe
+        # (a thread that moved the room further observes that itself)
+        if entry is not None and (status != entry.state or entry.lane.heartbeat):
             try:
-                entry.lane.guard.changed(entry)
+                entry.lane.guard.observe_change(entry)
             except Exception:
                 _report_error("update_status")
     return result
