@@ -308,10 +308,17 @@ def legacy_bootstrap_wedge(config_path: str, iterations: int = 30) -> dict[str, 
         sgs.set_status(hang_sender, WFI)
         sgs.set_status(hang_sender, TRANSFERRING)
         opt.prefill(sgs.make_request("nixl-hang", hang_sender, prefilled=False))
+        # and one that moves on to Transferring 5 s after it was queued: 0.5.17's
+        # NixlKVManager overrides update_status (and calls the hooked base method)
+        moving_sender = sgs.make_sender(sgs.make_manager("nixl"), sgs.next_room())
+        sgs.set_status(moving_sender, WFI)
+        opt.prefill(sgs.make_request("nixl-moving", moving_sender, prefilled=False))
         trace = []
         for i in range(iterations):
             if clock is not None:
                 clock.advance(deadline / 10)
+            if i == 5:
+                sgs.set_status(moving_sender, TRANSFERRING)
             boot.pop_bootstrapped()
             opt.step()
             trace.append(

@@ -56,7 +56,7 @@ def test_nixl_bootstrap_wedge_on_sglang_0517(tmp_path):
     assert without["popped"] == ["nixl-parked"] and without["parked_pending"] is True
     last_boot_queue, last_inflight = without["trace"][-1][1:]
     assert last_boot_queue == ["nixl-boot", "mooncake-boot"]
-    assert last_inflight == ["nixl-parked", "nixl-hang"]
+    assert last_inflight == ["nixl-parked", "nixl-hang", "nixl-moving"]
     assert without["boot_conclusions"] == {} and without["opt_conclusions"] == {}
 
     # ---- with it (loaded by load_plugins(); bootstrap-queue guard on, since 0.5.17)
@@ -71,6 +71,10 @@ def test_nixl_bootstrap_wedge_on_sglang_0517(tmp_path):
     assert boot["nixl-boot"][:2] == (11, "bootstrap_failed")
     assert opt["nixl-parked"][:2] == (12, "bootstrap_failed")  # its scheduler popped once more
     assert opt["nixl-hang"][:2] == (12, "transfer_failed")
+    # WaitingForInput from t = 1 s, Transferring from t = 6 s: its Transferring deadline
+    # fires at t = 16 s, not its WaitingForInput one at t = 11 s
+    assert opt["nixl-moving"][:2] == (17, "transfer_failed")
+    assert "spent 10.0s in KVPoll.Transferring" in opt["nixl-moving"][2]
     for rid, (_, _, message) in {**boot, **opt}.items():
         assert "stallguard: request " + rid in message and "past its 10s deadline" in message
     assert (
