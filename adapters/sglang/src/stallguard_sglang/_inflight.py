@@ -32,6 +32,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -107,8 +108,8 @@ class Runtime:
         self.lock = threading.Lock()
         self._backend_of: dict[type, str | None] = {}
         self._table_logged = False
-        #: every queue guard created in this process (weakly: they die with their queue).
-        self.guards: list[_QueueGuard] = []
+        #: every queue guard alive in this process (weakly: they die with their queue).
+        self.guards: weakref.WeakSet[_QueueGuard] = weakref.WeakSet()
         #: exceptions the hooks caught (and logged) instead of breaking the scheduler loop.
         self.errors = 0
 
@@ -313,7 +314,7 @@ class _QueueGuard:
         self.seen_len = 0
         self.seen_tail: Any = None
         self.rescans = 0
-        rt.guards.append(self)
+        rt.guards.add(self)
 
     # ------------------------------------------------------------------ lanes
 
