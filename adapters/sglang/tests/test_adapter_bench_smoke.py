@@ -1,0 +1,42 @@
+"""benchmarks/bench_sglang_queue.py still runs (--quick: a smoke test, not a measurement)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+try:
+    import sglang_support as sgs
+except ImportError:  # not run from the venv tools/dev.py built
+    sys.path.append(str(ROOT / "tests"))
+    import sglang_support as sgs
+
+SKIP = sgs.skip_reason("0.5.23")
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.skipif(SKIP is not None, reason=SKIP or ""),
+]
+
+
+def test_bench_sglang_queue_quick():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_sglang_queue.py"), "--quick"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| 50 |")]
+    assert len(rows) == 1, proc.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[1] == "2"  # churn
+    assert all(" us (" in c for c in cells[2:5])  # disabled, enabled, naive medians
