@@ -37,17 +37,9 @@ TRIGGER_MODULE = "sglang.srt.disaggregation.prefill"
 
 
 def _activate_now() -> None:
-    from stallguard import ConfigError
+    from .plugin import install, load_config_or_exit
 
-    from ._config import load_config
-    from .plugin import install
-
-    try:
-        config = load_config()
-    except ConfigError as e:
-        message = f"stallguard-sglang: invalid configuration, refusing to start: {e}"
-        log.error("%s", message)
-        raise SystemExit(message) from None
+    config = load_config_or_exit()
     if config is not None:
         install(config, via="patch")
 

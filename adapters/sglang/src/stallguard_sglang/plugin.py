@@ -26,6 +26,21 @@ _installed: Config | None = None
 _patched: list[tuple[type, str, Any]] = []
 
 
+def load_config_or_exit() -> Config | None:
+    """The configuration the environment asks for (None: the adapter is disabled).
+
+    Raises:
+        SystemExit: for a bad file, with a message naming the file, the key and the
+            value; an ``Exception`` would be swallowed by ``load_plugins()``.
+    """
+    try:
+        return load_config()
+    except ConfigError as e:
+        message = f"stallguard-sglang: invalid configuration, refusing to start: {e}"
+        log.error("%s", message)
+        raise SystemExit(message) from None
+
+
 def register() -> None:
     """Install stallguard's hooks through SGLang's ``HookRegistry`` if the environment
     enables the adapter; otherwise do nothing. Idempotent.
@@ -37,12 +52,7 @@ def register() -> None:
     """
     if _installed is not None:
         return
-    try:
-        config = load_config()
-    except ConfigError as e:
-        message = f"stallguard-sglang: invalid configuration, refusing to start: {e}"
-        log.error("%s", message)
-        raise SystemExit(message) from None
+    config = load_config_or_exit()
     if config is None:
         log.debug("stallguard-sglang: disabled (set %s or STALLGUARD_SGLANG=1)", ENV_CONFIG)
         return
