@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from _examples import run_example
 
 
 def test_stalled_request_example_fails_only_the_stuck_request():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "stalled_request.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    out = run_example("stalled_request.py")
     assert out.returncode == 0, out.stderr
     assert "room 1: Success" in out.stdout
     assert "room 3: Success" in out.stdout

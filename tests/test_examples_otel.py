@@ -5,12 +5,9 @@ the default span hook on a *global* TracerProvider installed by the application.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _examples import run_example
 
 
 def json_objects(text: str) -> list[dict]:
@@ -27,14 +24,7 @@ def json_objects(text: str) -> list[dict]:
 
 
 def test_otel_console_example_prints_the_forced_failure_span():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "otel_console.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    out = run_example("otel_console.py")
     assert out.returncode == 0, out.stderr
     spans = {span["name"]: span for span in json_objects(out.stdout)}
     assert set(spans) == {"stallguard.forced_failure", "kv_transfer"}
