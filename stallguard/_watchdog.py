@@ -151,6 +151,24 @@ def _hooks(on_expire: object) -> tuple[Callable[[Expiry[Any]], object], ...]:
     raise ConfigError(f"on_expire must be a callable or a sequence of callables, got {on_expire!r}")
 
 
+def _check_at(at: Any, now: float) -> float:
+    """*at* as a start time: a number not later than *now*."""
+    if at.__class__ is bool or not isinstance(at, (int, float)):
+        raise TypeError(f"at must be a time in seconds on the watchdog's clock, got {at!r}")
+    if not at <= now:  # also NaN
+        raise ValueError(f"at={at!r} is later than the watchdog clock's now ({now!r})")
+    return at
+
+
+def _not_before_tail(fifo: OrderedDict[Any, float], start: float) -> float:
+    """*start*, or the FIFO's latest start if that is later (keeps the FIFO ordered)."""
+    if fifo:
+        tail = fifo[next(reversed(fifo))]
+        if tail > start:
+            return tail
+    return start
+
+
 class Watchdog(Generic[K]):
     """Tracks live requests through the states of a :class:`~stallguard.Spec` and fails
     the ones that overstay a deadline, exactly once.
@@ -250,8 +268,8 @@ class Watchdog(Generic[K]):
 
     # ------------------------------------------------------------------ state changes
 
-    def observe(self, key: K, state: State) -> None:
-        """Record that request *key* is in *state* now.
+    def observe(self, key: K, state: State, *, at: float | None = None) -> None:
+        """Record that request *key* is in *state* now (or since *at*).
 
         The first sight of a key starts tracking it. A different state restarts the
         state clock; observing the same state again does not (Erlang ``gen_statem``'s
@@ -259,9 +277,19 @@ class Watchdog(Generic[K]):
         that has already concluded (expired, terminal, or forgotten, and still within
         ``memory``) is dropped and counted as a late event: it never re-arms the request.
 
+        Args:
+            at: when the request entered *state*, on the watchdog's clock; default: now.
+                For changes captured (with a clock reading) where they happen and
+                applied later, e.g. by the loop that runs :meth:`check`. Never later
+                than now. To keep every deadline clock in time order, an *at* earlier
+                than the start of the latest request on that clock is raised to it: the
+                deadline may start a little later than *at*, never earlier.
+
         Raises:
             UnknownStateError: if *state* is not declared in the spec and
                 ``unknown_state="raise"``.
+            ValueError: if *at* is later than the clock's now (or NaN).
+            TypeError: if *at* is not a number.
         """
         try:
             slot = self._slots.get(state)
@@ -273,6 +301,8 @@ class Watchdog(Generic[K]):
         if self._where.get(key) is slot:  # same state again: nothing to do
             return
         now = self._clock()
+        if at is not None:
+            now = _check_at(at, now)
         with self._lock:
             current = self._where.get(key)
             if current is slot:
@@ -284,38 +314,65 @@ class Watchdog(Generic[K]):
                     self._late += 1
                     return
                 if self._born is not None:
-                    self._born[key] = now
-                    self._lower_due(now + self._lifetime)  # type: ignore[operator]
+                    born = now if at is None else _not_before_tail(self._born, now)
+                    self._born[key] = born
+                    self._lower_due(born + self._lifetime)  # type: ignore[operator]
             else:
+                if at is not None:  # a state never starts before the one it ends
+                    entered = current.fifo.get(key)  # type: ignore[union-attr]
+                    if entered is None:
+                        entered = current.parked[key]
+                    if entered > now:
+                        now = entered
                 self._leave(key, current, now)
                 if slot.terminal:
                     self._untrack(key, _CONCLUDED)
                     return
             self._where[key] = slot
-            slot.fifo[key] = now  # type: ignore[index]
+            fifo = slot.fifo
+            start = now if at is None else _not_before_tail(fifo, now)  # type: ignore[arg-type]
+            fifo[key] = start  # type: ignore[index]
             if slot.seconds is not None:
-                due = now + slot.seconds
+                due = start + slot.seconds
                 if due < self._next_due:
                     self._lower_due(due)
-            if slot.stall_fifo is not None:
-                slot.stall_fifo[key] = now
-                self._lower_due(now + slot.stall)  # type: ignore[operator]
+            stall_fifo = slot.stall_fifo
+            if stall_fifo is not None:
+                if at is not None:
+                    start = _not_before_tail(stall_fifo, now)
+                stall_fifo[key] = start
+                self._lower_due(start + slot.stall)  # type: ignore[operator]
 
-    def heartbeat(self, key: K) -> bool:
+    def heartbeat(self, key: K, *, at: float | None = None) -> bool:
         """Record progress for *key*: renews the progress (``stall``) window of its
         current state. Lifetime and state deadlines are not renewed.
 
+        Args:
+            at: when the progress was made, on the watchdog's clock; default: now. As
+                for :meth:`observe`: never later than now, and raised to the latest
+                renewal's time if earlier (a window never starts before a later one).
+
         Returns:
             True if *key* is tracked, False if it is not (a late heartbeat is harmless).
+
+        Raises:
+            ValueError: if *at* is later than the clock's now (or NaN).
+            TypeError: if *at* is not a number.
         """
         now = self._clock()
+        if at is not None:
+            now = _check_at(at, now)
         with self._lock:
             slot = self._where.get(key)
             if slot is None:
                 return False
             stall_fifo = slot.stall_fifo
             if stall_fifo is not None:
-                stall_fifo.pop(key, None)
+                previous = stall_fifo.pop(key, None)
+                if at is not None:
+                    now = _not_before_tail(stall_fifo, now)
+                    if previous is not None and previous > now:
+                        now = previous  # never shorten the window already granted
                 stall_fifo[key] = now
                 self._lower_due(now + slot.stall)  # type: ignore[operator]
             return True

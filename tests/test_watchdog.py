@@ -463,3 +463,115 @@ def test_on_earlier_deadline_fires_only_for_earlier(clock):
 def test_repr(wd):
     wd.observe(1, "Transferring")
     assert repr(wd) == "<stallguard.Watchdog spec='kv_sender' mode='enforce' tracked=1>"
+
+
+# --------------------------------------------------------------------------- at=
+
+
+class TestAt:
+    """``observe(..., at=)`` / ``heartbeat(..., at=)``: changes captured with a clock
+    reading where they happen and applied later (the SGLang adapter's pattern)."""
+
+    SPEC = sg.Spec(
+        "at",
+        {"queued": 50, "running": sg.Deadline(seconds=100, stall=10)},
+        terminal=["done"],
+        lifetime=200,
+    )
+
+    @pytest.fixture
+    def wd(self, clock):
+        set_on_expire_hooks([])
+        return sg.Watchdog(self.SPEC, clock=clock)
+
+    def test_stall_window_starts_at_at_not_when_applied(self, wd, clock):
+        wd.observe("r", "queued")
+        clock.advance(30)
+        wd.observe("r", "running", at=1010.0)  # moved at 1010, applied at 1030
+        [e] = wd.check()  # its 10 s progress window ran out at 1020
+        assert (e.reason, e.state, e.entered_at) == ("stall", "running", 1010.0)
+
+    def test_deadline_counts_from_at(self, clock):
+        set_on_expire_hooks([])
+        wd = sg.Watchdog(KV, clock=clock)
+        wd.observe("r", "Bootstrapping")
+        clock.advance(50)
+        wd.observe("r", "Transferring", at=1020.0)
+        clock.advance(89.999)  # 1139.999 < 1020 + 120
+        assert wd.check() == []
+        clock.advance(0.001)
+        [e] = wd.check()
+        assert (e.state, e.entered_at, e.elapsed) == ("Transferring", 1020.0, pytest.approx(120))
+
+    def test_first_observe_with_at_starts_lifetime_there(self, wd, clock):
+        clock.advance(10)
+        wd.observe("r", "queued", at=1004.0)
+        [(key, state, entered)] = [
+            (t.key, t.state, t.entered_at) for t in wd.snapshot().requests
+        ]
+        assert (key, state, entered) == ("r", "queued", 1004.0)
+        clock.advance(40)  # 1050 = 1004 + 46: queued's 50 s not yet over
+        assert wd.check() == []
+        clock.advance(4)
+        assert [e.reason for e in wd.check()] == ["state"]
+
+    def test_at_earlier_than_the_fifo_tail_is_raised_to_it(self, clock):
+        set_on_expire_hooks([])
+        wd = sg.Watchdog(KV, clock=clock)
+        clock.advance(10)
+        wd.observe("late", "Transferring")  # 1010
+        wd.observe("early", "Transferring", at=1005.0)  # raised to 1010: FIFO stays ordered
+        clock.advance(119.999)
+        assert wd.check() == []  # neither expired early, in particular not "early" at 1125
+        clock.advance(0.001)
+        assert sorted(e.key for e in wd.check()) == ["early", "late"]
+
+    def test_a_state_never_starts_before_the_one_it_ends(self, clock):
+        set_on_expire_hooks([])
+        wd = sg.Watchdog(KV, clock=clock)
+        left = []
+        wd.on_leave = lambda label, s: left.append((label, s))
+        clock.advance(10)
+        wd.observe("r", "WaitingForInput")  # 1010
+        wd.observe("r", "Transferring", at=1002.0)  # an event from before: starts at 1010
+        assert left == [("WaitingForInput", 0)]
+        clock.advance(119.999)
+        assert wd.check() == []
+        clock.advance(0.001)
+        assert [e.entered_at for e in wd.check()] == [1010.0]
+
+    def test_heartbeat_at(self, wd, clock):
+        wd.observe("r", "running")  # 1000
+        clock.advance(9)
+        assert wd.heartbeat("r", at=1008.0)  # window renewed from 1008: due 1018
+        clock.advance(8.999)  # 1017.999
+        assert wd.check() == []
+        clock.advance(0.001)
+        [e] = wd.check()
+        assert (e.reason, e.entered_at) == ("stall", 1008.0)
+
+    def test_an_older_heartbeat_never_shortens_a_window(self, wd, clock):
+        wd.observe("r", "running")
+        clock.advance(9)
+        wd.heartbeat("r")  # 1009
+        wd.heartbeat("r", at=1003.0)  # applied late, older than the last renewal
+        clock.advance(9.999)  # 1018.999 < 1019
+        assert wd.check() == []
+        assert not wd.heartbeat("nobody", at=1000.0)
+
+    @pytest.mark.parametrize(
+        ("at", "error", "needle"),
+        [
+            (1000.5, ValueError, r"at=1000\.5 is later than the watchdog clock's now \(1000\.0\)"),
+            (float("nan"), ValueError, "at=nan is later"),
+            ("1000", TypeError, "at must be a time in seconds on the watchdog's clock, got '1000'"),
+            (True, TypeError, "got True"),
+        ],
+    )
+    def test_bad_at(self, wd, at, error, needle):
+        with pytest.raises(error, match=needle):
+            wd.observe("r", "queued", at=at)
+        assert "r" not in wd
+        wd.observe("r", "queued")
+        with pytest.raises(error, match=needle):
+            wd.heartbeat("r", at=at)
