@@ -232,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         arms[1].activate()
         arms[1].sched.process_disagg_prefill_inflight_queue()  # enrolls the last refill
         guard = getattr(arms[1].sched, "_stallguard_inflight_guard", None)
-        tracked = sum(len(wd) for wd in guard.watchdogs.values()) if guard else 0
+        tracked = len(guard.entries) if guard else 0
         if tracked != n:
-            raise SystemExit(f"enabled arm tracks {tracked} requests, expected {n}")
+            raise SystemExit(f"enabled arm guards {tracked} requests, expected {n}")
         results.append((n, churn, medians, len(arms[0].samples), paired))
         log(
             f"N={n}, churn {churn}: "

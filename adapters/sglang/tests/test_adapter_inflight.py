@@ -266,11 +266,14 @@ def test_explicitly_unbounded_state_is_never_failed():
 
 
 def tracked(sched):
-    return {key for wd in guard_of(sched).watchdogs.values() for key in _keys(wd)}
+    """The requests the guard holds (the watchdog sees them once their state has lasted
+    half the shortest deadline: see test_requests_are_watched_once_their_state_...)."""
+    return {str(entry) for entry in guard_of(sched).entries.values()}
 
 
-def _keys(wd):
-    return {str(r.key) for r in wd.snapshot().requests}
+def watched(sched):
+    """The requests the watchdogs track."""
+    return {str(r.key) for wd in guard_of(sched).watchdogs.values() for r in wd.snapshot().requests}
 
 
 def test_steady_state_enrolls_the_tail_without_rescanning():
@@ -316,6 +319,71 @@ def test_every_request_in_the_queue_is_guarded_however_it_got_there():
     assert sorted(sched.conclusions) == ["front", "new-list", "r0", "r2"]
     assert all(c.outcome == "transfer_failed" for c in sched.conclusions.values())
     assert sorted(str(e.key) for e in expiries) == ["front", "new-list", "r0", "r2"]
+
+
+def test_requests_are_watched_once_their_state_has_lasted_half_the_shortest_deadline():
+    # DEADLINES' shortest is 10 s: nothing can be due within 5 s of a state's start, so
+    # the watchdog sees a request only then, with the state's real start
+    with guarded() as (clock, expiries):
+        sched = sgs.FakeScheduler()
+        mgr = sgs.make_manager("nixl")
+        req = request(sched, "nixl", "r", WFI, mgr=mgr)
+        quick = request(sched, "nixl", "quick", WFI, mgr=mgr)
+        sched.prefill(req, quick)
+        sched.step()
+        wd = guard_of(sched).watchdogs["nixl"]
+        clock.set(T0 + 4.999)
+        sgs.set_status(quick.disagg_kv_sender, SUCCESS)  # done before its handover
+        sched.step()
+        assert sched.inflight_rids() == ["r"] and watched(sched) == set() and len(wd) == 0
+        clock.set(T0 + 5)
+        sched.step()
+        [row] = wd.snapshot().requests
+        assert (str(row.key), row.state, row.entered_at) == ("r", "WaitingForInput", T0)
+        # a state change takes it off the watchdog until the new state has lasted 5 s
+        clock.set(T0 + 6)
+        sgs.set_status(req.disagg_kv_sender, TRANSFERRING)
+        clock.set(T0 + 7)
+        sched.step()
+        assert watched(sched) == set() and tracked(sched) == {"r"}
+        clock.set(T0 + 6 + 4.999)
+        sched.step()
+        assert watched(sched) == set()
+        clock.set(T0 + 6 + 5)
+        sched.step()
+        [row] = wd.snapshot().requests
+        assert (row.state, row.entered_at) == ("Transferring", T0 + 6)
+        clock.set(T0 + 6 + DEADLINES["Transferring"] - 0.001)
+        sched.step()
+        assert sched.inflight_rids() == ["r"]
+        clock.set(T0 + 6 + DEADLINES["Transferring"])
+        sched.step()
+        assert sched.inflight_rids() == []
+    assert [(str(e.key), e.state_label, e.entered_at) for e in expiries] == [
+        ("r", "Transferring", T0 + 6)
+    ]
+    assert expiries[0].attributes["sglang.rid"] == "r"  # annotated at the (second) handover
+    assert "quick" not in sched.conclusions or sched.conclusions["quick"].outcome == "success"
+
+
+def test_a_state_clock_starts_when_update_status_ran_not_at_the_next_iteration():
+    with guarded() as (clock, expiries):
+        sched = sgs.FakeScheduler()
+        req = request(sched, "nixl", "r", WFI)
+        sched.prefill(req)
+        sched.step()
+        clock.advance(1)
+        sgs.set_status(req.disagg_kv_sender, TRANSFERRING)  # T0 + 1, on a transfer thread
+        clock.advance(2)  # the next queue call, T0 + 3, applies it
+        sched.step()
+        while clock() + 1 < T0 + 1 + DEADLINES["Transferring"]:
+            clock.advance(1)
+            sched.step()
+        assert sched.inflight_rids() == ["r"]
+        clock.set(T0 + 1 + DEADLINES["Transferring"])  # not T0 + 3 + 20
+        sched.step()
+        assert sched.inflight_rids() == []
+    assert [(e.state_label, e.entered_at) for e in expiries] == [("Transferring", T0 + 1)]
 
 
 def test_requests_that_left_are_forgotten_everywhere():
@@ -365,10 +433,12 @@ def test_concurrent_updates_from_transfer_threads_lose_nothing():
             t.join()
         sched.step()
         guard = guard_of(sched)
-        wd = guard.watchdogs["nixl"]
-        assert {wd.state_of(guard.entries[id(r)]) for r in reqs} == {"Transferring"}
+        entries = [guard.entries[id(r)] for r in reqs]
+        assert {(e.state, e.since) for e in entries} == {(TRANSFERRING, T0)}
         clock.advance(DEADLINES["Transferring"] - 0.5)  # Transferring entered at T0, not later
         sched.step()
+        wd = guard.watchdogs["nixl"]
+        assert {wd.state_of(e) for e in entries} == {"Transferring"}  # handed over
         assert len(sched.inflight_rids()) == 400
         clock.advance(1)
         sched.step()

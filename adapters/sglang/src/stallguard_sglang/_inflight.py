@@ -13,9 +13,15 @@ How it works (docs/sglang.md has the why):
 * A request's state changes are observed **where SGLang makes them**: for
   ``CommonKVSender`` backends every change goes through the manager's
   ``update_status(room, status)`` (often on a transfer thread), which is hooked; the
-  hook reads the room's resulting status back (``update_status`` only moves forward) and
-  hands it to the watchdog. ``FakeKVSender`` keeps its own state; ``send()`` and
-  ``abort()`` are hooked.
+  hook appends ``(entry, status, clock())`` to its lane's event queue (a deque append:
+  atomic, no lock). ``FakeKVSender`` keeps its own state; ``send()`` and ``abort()`` are
+  hooked the same way. The queue call applies the events, in order, before its deadline
+  check: each with the time it was captured (``Watchdog.observe(..., at=)``), and only
+  if the room's current status (read back: ``update_status`` only moves a room forward,
+  or to Failed) is the one the event reports, so a state's clock starts when SGLang
+  entered it, never earlier. Everything else the guard does (enroll, check, fail,
+  forget) runs on the scheduler thread that runs the queue method, so only the event
+  queue is shared with other threads.
 * Deadlines count from when the request entered the queue: at enrollment the watchdog
   observes the request's current state, whatever it was before.
 * A request found overdue is failed the way SGLang fails it (``conclude_failure``, which
@@ -30,7 +36,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -77,6 +82,7 @@ FAKE_ABORT_TARGET = "sglang.srt.disaggregation.fake.conn.FakeKVSender.abort"
 KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
 _FAILED, _BOOTSTRAPPING, _WAITING, _TRANSFERRING, _SUCCESS = range(5)
 _CONCLUDED = frozenset((_FAILED, _SUCCESS))  # observed terminal: no longer tracked
+_LIVE = frozenset((_BOOTSTRAPPING, _WAITING, _TRANSFERRING))
 _TERMINAL = ("Success", "Failed")
 
 # Attributes the adapter sets on SGLang objects (names nobody else uses).
@@ -97,15 +103,13 @@ _BACKEND_MODULES = {
 
 
 class Runtime:
-    """Process-wide adapter state: the configuration, the clock, and the lock that
-    orders state observations (enrollment, ``update_status`` read-backs, leaving)."""
+    """Process-wide adapter state: the configuration, the clock, the queue guards."""
 
     def __init__(self, config: Config, *, version: str | None = None) -> None:
         self.config = config
         self.version = version if version is not None else sglang_version()
         #: the clock every new watchdog uses (tests swap in a FakeClock).
         self.clock: Callable[[], float] = time.monotonic
-        self.lock = threading.Lock()
         self._backend_of: dict[type, str | None] = {}
         self._table_logged = False
         #: every queue guard alive in this process (weakly: they die with their queue).
@@ -164,12 +168,30 @@ def set_runtime(rt: Runtime | None) -> None:
 
 
 class _Lane:
-    """One backend's watchdog within one queue guard."""
+    """One backend's watchdog within one queue guard.
+
+    **Watched late** (the default): a request is handed to the watchdog only once its
+    current state has lasted ``lag`` seconds, half the shortest deadline: no deadline
+    can be due earlier, and most requests leave the queue long before, so most never
+    cost the watchdog anything. Until then the lane keeps the state and the time it
+    was entered on the entry. The handover observes that state with its real start
+    (``observe(..., at=since)``); pending handovers wait in one FIFO ordered by that
+    start, so the watchdog's deadline clocks stay in time order. A watched request that
+    changes state again is forgotten by the watchdog and waits for its new state's
+    handover. The handover runs before ``check()`` in the same queue call, so a request
+    is failed at the first call past its deadline, as if it had been watched all along.
+
+    **Watched at once** (``direct``), when a state has a progress window (``stall``):
+    its renewals (``heartbeat``) must reach the watchdog as they happen, so every
+    request is observed from enrollment and every change as it is applied.
+    """
 
     __slots__ = (
         "backend",
         "clock",
         "common",
+        "direct",
+        "events",
         "guard",
         "heartbeat",
         "lag",
@@ -194,34 +216,93 @@ class _Lane:
         self.heartbeat = frozenset(
             KVPOLL.index(str(state)) for state, d in deadlines.items() if d.stall is not None
         )
-        # Span attributes are attached (annotate) only to requests still queued after
-        # half the shortest deadline: nothing can expire earlier, and most requests
-        # are gone by then, so most never pay for it. None: nothing ever expires.
+        self.direct = bool(self.heartbeat)
         bounds = [v for d in deadlines.values() for v in (d.seconds, d.stall) if v is not None]
+        #: how long a state lasts before the watchdog sees it (None: nothing can expire)
         self.lag: float | None = min(bounds) / 2 if bounds else None
-        self.pending: collections.deque[tuple[float, _Entry]] = collections.deque()
+        #: handovers, ordered by state start: (due, entry, state start)
+        self.pending: collections.deque[tuple[float, _Entry, float]] = collections.deque()
+        #: (entry, KVPoll value, clock reading) from the hooks, any thread, in order
+        self.events: collections.deque[tuple[_Entry, int, float]] = collections.deque()
         self.static = {
             "sglang.backend": backend,
             "sglang.tp_rank": -1 if guard.tp_rank is None else guard.tp_rank,
             "sglang.queue": guard.kind,
         }
 
-    def annotate_due(self) -> None:
-        """Attach span attributes to the requests queued for at least ``lag`` seconds
-        (call before ``check()``)."""
+    def enrolled(self, entry: _Entry, now: float) -> None:
+        """*entry* joined the queue at *now*, in ``entry.state`` (read at enrollment):
+        its deadlines count from here, whatever state it was in before."""
+        entry.since = now
+        if self.direct:
+            self.watch(entry)
+        elif entry.state in _LIVE and self.lag is not None:
+            self.pending.append((now + self.lag, entry, now))
+
+    def watch(self, entry: _Entry) -> None:
+        """Hand *entry* to the watchdog: its span attributes, and its current state
+        since it started (and the last renewal of its progress window)."""
+        entry.watched = True
+        state = entry.state
+        if state not in _LIVE:
+            return
+        req = entry.req
+        wd = self.wd
+        wd.observe(entry, KVPOLL[state], at=entry.since)
+        if entry.beat is not None:
+            wd.heartbeat(entry, at=entry.beat)
+        attributes = {"sglang.rid": str(req.rid), "sglang.bootstrap_room": entry.room}
+        attributes.update(self.static)
+        wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(req))
+
+    def hand_over(self) -> None:
+        """Watch the requests whose state has lasted ``lag`` (before ``check()``)."""
         pending = self.pending
         now = self.clock()
-        annotate = self.wd.annotate
+        watch = self.watch
         while pending and pending[0][0] <= now:
-            entry = pending.popleft()[1]
-            if entry.live:
-                req = entry.req
-                attributes = {
-                    "sglang.rid": str(req.rid),
-                    "sglang.bootstrap_room": entry.room,
-                    **self.static,
-                }
-                annotate(entry, attributes=attributes, trace_parent=_trace_parent(req))
+            _, entry, since = pending.popleft()
+            # stale if the request left, or changed state since this was queued
+            if entry.live and entry.since == since and not entry.watched:
+                watch(entry)
+
+    def apply_events(self) -> None:
+        """Apply the state changes the hooks captured since the last call (scheduler
+        thread, before ``check()``)."""
+        events = self.events
+        popleft = events.popleft
+        wd = self.wd
+        beats = self.heartbeat
+        for _ in range(len(events)):  # what is there now; later ones wait for next time
+            entry, status, at = popleft()
+            if not entry.live:
+                continue
+            state = _read_state(entry)
+            if state == entry.state:
+                if status == state and state in beats:
+                    if entry.watched:
+                        wd.heartbeat(entry, at=at)
+                    elif entry.beat is None or at > entry.beat:
+                        entry.beat = at
+                continue
+            if state != status:
+                # the event is for a state the room has since left (its successor's
+                # event follows), or one that did not take (a concluded room): taking
+                # the room's current state from it would start that state's clock early
+                continue
+            since = entry.since
+            if at > since:  # a state never starts before enrollment or its predecessor
+                since = entry.since = at
+            entry.state = state
+            entry.beat = None
+            if entry.watched:
+                if self.direct:
+                    wd.observe(entry, KVPOLL[state], at=since)
+                    continue
+                wd.forget(entry, remember=False)
+                entry.watched = False
+            if state in _LIVE and self.lag is not None:
+                self.pending.append((since + self.lag, entry, since))
 
 
 class _Entry:
@@ -229,6 +310,7 @@ class _Entry:
     (a requeued request, or a client reusing a rid, gets a new one), shown as the rid."""
 
     __slots__ = (
+        "beat",
         "forced",
         "lane",
         "live",
@@ -238,8 +320,10 @@ class _Entry:
         "room",
         "rooms",
         "sender",
+        "since",
         "state",
         "status_get",
+        "watched",
     )
 
     def __init__(self, lane: _Lane, req: Any, sender: Any, room: Any, mgr: Any) -> None:
@@ -253,7 +337,13 @@ class _Entry:
         self.status_get = None if mgr is None else mgr.request_status.get
         self.rooms: dict[Any, _Entry] | None = None  # the manager's room -> entry map
         self.live = True
+        #: the sender state the guard last applied, since when, and the last renewal
+        #: of its progress window (on the lane's clock)
         self.state: int | None = None
+        self.since = 0.0
+        self.beat: float | None = None
+        #: tracked by the lane's watchdog (see _Lane)
+        self.watched = False
         #: the failure reason, once stallguard failed the request
         self.forced: str | None = None
 
@@ -366,7 +456,11 @@ class _QueueGuard:
     # ------------------------------------------------------------------ around a call
 
     def before(self, queue: list[Any]) -> None:
-        """Enroll what joined *queue* since the last call, then check deadlines once."""
+        """Apply the state changes captured since the last call, enroll what joined
+        *queue* meanwhile, then check deadlines once."""
+        for lane in self.checks:
+            if lane.events:
+                lane.apply_events()
         n = len(queue)
         seen = self.seen_len
         appended = queue is self.seen_list and n >= seen
@@ -380,7 +474,7 @@ class _QueueGuard:
         self.seen_tail = queue[-1] if n else None
         for lane in self.checks:
             if lane.pending:
-                lane.annotate_due()
+                lane.hand_over()
             expiries = lane.wd.check()
             if expiries and lane.wd.mode == "report":
                 for expiry in expiries:
@@ -394,15 +488,10 @@ class _QueueGuard:
         if left:
             entries = self.entries
             leave = self._leave
-            lock = self.rt.lock
-            lock.acquire()
-            try:
-                for req in left:
-                    entry = entries.get(id(req))
-                    if entry is not None:
-                        leave(entry)
-            finally:
-                lock.release()
+            for req in left:
+                entry = entries.get(id(req))
+                if entry is not None:
+                    leave(entry)
         if len(queue) != before_len - len(left):
             self._resync(queue)
         self.seen_list = queue
@@ -416,10 +505,8 @@ class _QueueGuard:
         self.rescans += 1
         present = {id(req) for req in queue}
         gone = [entry for rid, entry in self.entries.items() if rid not in present]
-        if gone:
-            with self.rt.lock:
-                for entry in gone:
-                    self._leave(entry)
+        for entry in gone:
+            self._leave(entry)
         new = [req for req in queue if id(req) not in self.entries]
         if new:
             self._enroll(new)
@@ -429,50 +516,45 @@ class _QueueGuard:
         entries = self.entries
         lanes = self.lanes
         backend_of = rt._backend_of
-        annotate_at: dict[_Lane, float] = {}  # one clock read per lane and batch
-        rt.lock.acquire()
-        try:
-            for req in reqs:
-                if id(req) in entries:
-                    continue
-                sender = getattr(req, "disagg_kv_sender", None)
-                if sender is None:
-                    continue
-                backend = backend_of.get(type(sender), _UNSEEN)
-                if backend is _UNSEEN:
-                    backend = rt.backend_of(sender)
-                lane = lanes.get(backend, _UNSEEN) if backend is not None else None
-                if lane is _UNSEEN:
-                    lane = self._lane(backend)
-                if lane is None:
-                    continue
-                room = req.bootstrap_room
-                if lane.common:
-                    mgr = sender.kv_mgr
-                    entry = _Entry(lane, req, sender, room, mgr)
-                    rooms = getattr(mgr, _ROOMS, None)
-                    if rooms is None:
-                        rooms = {}
-                        setattr(mgr, _ROOMS, rooms)
-                    rooms[room] = entry
-                    entry.rooms = rooms
-                else:
-                    entry = _Entry(lane, req, sender, room, None)
-                    setattr(sender, _FAKE, entry)
-                entries[id(req)] = entry
-                state = entry.state = _read_state(entry)
-                if state is not None:
-                    lane.wd.observe(entry, KVPOLL[state])
-                    if lane.lag is not None:
-                        at = annotate_at.get(lane)
-                        if at is None:
-                            at = annotate_at[lane] = lane.clock() + lane.lag
-                        lane.pending.append((at, entry))
-        finally:
-            rt.lock.release()
+        now_of: dict[_Lane, float] = {}  # one clock read per lane and batch
+        for req in reqs:
+            if id(req) in entries:
+                continue
+            sender = getattr(req, "disagg_kv_sender", None)
+            if sender is None:
+                continue
+            backend = backend_of.get(type(sender), _UNSEEN)
+            if backend is _UNSEEN:
+                backend = rt.backend_of(sender)
+            lane = lanes.get(backend, _UNSEEN) if backend is not None else None
+            if lane is _UNSEEN:
+                lane = self._lane(backend)
+            if lane is None:
+                continue
+            room = req.bootstrap_room
+            if lane.common:
+                mgr = sender.kv_mgr
+                entry = _Entry(lane, req, sender, room, mgr)
+                rooms = getattr(mgr, _ROOMS, None)
+                if rooms is None:
+                    rooms = {}
+                    setattr(mgr, _ROOMS, rooms)
+                rooms[room] = entry
+                entry.rooms = rooms
+            else:
+                entry = _Entry(lane, req, sender, room, None)
+                setattr(sender, _FAKE, entry)
+            entries[id(req)] = entry
+            # (read after the entry is in the rooms map: a change this read misses
+            # finds the entry there and is captured as an event)
+            entry.state = _read_state(entry)
+            now = now_of.get(lane)
+            if now is None:
+                now = now_of[lane] = lane.clock()
+            lane.enrolled(entry, now)
 
     def _leave(self, entry: _Entry) -> None:
-        """Forget a request that left the queue (lock held)."""
+        """Forget a request that left the queue."""
         entry.live = False
         del self.entries[id(entry.req)]
         rooms = entry.rooms
@@ -481,50 +563,11 @@ class _QueueGuard:
                 del rooms[entry.room]
         elif getattr(entry.sender, _FAKE, None) is entry:
             delattr(entry.sender, _FAKE)
-        if entry.state not in _CONCLUDED:  # the watchdog may still track it: untrack
+        if entry.watched and entry.state not in _CONCLUDED:  # the watchdog tracks it
             entry.lane.wd.forget(entry, remember=False)
         # the entry may live on a little (pending annotation, the watchdog's last
         # tombstone): do not keep the finished request alive with it
         entry.req = entry.sender = None
-
-    # ------------------------------------------------------------------ state changes
-
-    def changed(self, entry: _Entry) -> None:
-        """SGLang may have changed *entry*'s sender state (any thread): observe it."""
-        # Fast path without the lock: nothing this thread could observe changed. A
-        # change made by another thread is observed by that thread, under the lock.
-        sender = entry.sender
-        if sender is None:  # left the queue meanwhile
-            return
-        state = sender.conclude_state
-        if state is None:
-            get = entry.status_get
-            state = get(entry.room) if get is not None else _read_state(entry)
-        if state != entry.state or state in entry.lane.heartbeat:
-            self.observe_change(entry)
-
-    def observe_change(self, entry: _Entry) -> None:
-        """Read *entry*'s state and observe it, under the lock (so that observations
-        of one request, from any threads, follow its state's order)."""
-        # (acquire/release, not `with`: this runs on every change of an enrolled
-        # room's status, and `with` costs twice as much)
-        lock = self.rt.lock
-        lock.acquire()
-        try:
-            if not entry.live:
-                return
-            state = _read_state(entry)
-            if state is None:
-                return
-            lane = entry.lane
-            if state == entry.state:
-                if state in lane.heartbeat:
-                    lane.wd.heartbeat(entry)
-                return
-            entry.state = state
-            lane.wd.observe(entry, KVPOLL[state])
-        finally:
-            lock.release()
 
     # ------------------------------------------------------------------ enforcement
 
@@ -532,8 +575,7 @@ class _QueueGuard:
         entry = expiry.key
         if not isinstance(entry, _Entry) or not entry.live:
             return
-        with self.rt.lock:
-            state = _read_state(entry)
+        state = _read_state(entry)
         if state is None or state in (_SUCCESS, _FAILED):
             log.info(
                 "stallguard-sglang: %s concluded (%s) as its deadline fired; not failing it",
@@ -674,14 +716,11 @@ def update_status_around(
     rooms = getattr(mgr, _ROOMS, None)
     if rooms:
         entry = rooms.get(bootstrap_room)
-        # update_status only moves a room forward (or to Failed): if *status* is the
-        # state last observed, this call changed nothing that this thread must observe
-        # (a thread that moved the room further observes that itself)
+        # update_status only moves a room forward (or to Failed): *status* equal to the
+        # state last observed changes nothing, unless it renews a progress window
         if entry is not None and (status != entry.state or entry.lane.heartbeat):
-            try:
-                entry.lane.guard.observe_change(entry)
-            except Exception:
-                _report_error("update_status")
+            lane = entry.lane
+            lane.events.append((entry, status, lane.clock()))
     return result
 
 
@@ -689,10 +728,8 @@ def fake_after(result: Any, sender: Any, *args: Any, **kwargs: Any) -> None:
     """AFTER hook of ``FakeKVSender.send`` / ``.abort``."""
     entry = getattr(sender, _FAKE, None)
     if entry is not None:
-        try:
-            entry.lane.guard.changed(entry)
-        except Exception:
-            _report_error("FakeKVSender")
+        lane = entry.lane
+        lane.events.append((entry, _read_state(entry), lane.clock()))  # type: ignore[arg-type]
     return None
 
 
