@@ -506,9 +506,7 @@ class TestAt:
     def test_first_observe_with_at_starts_lifetime_there(self, wd, clock):
         clock.advance(10)
         wd.observe("r", "queued", at=1004.0)
-        [(key, state, entered)] = [
-            (t.key, t.state, t.entered_at) for t in wd.snapshot().requests
-        ]
+        [(key, state, entered)] = [(t.key, t.state, t.entered_at) for t in wd.snapshot().requests]
         assert (key, state, entered) == ("r", "queued", 1004.0)
         clock.advance(40)  # 1050 = 1004 + 46: queued's 50 s not yet over
         assert wd.check() == []
