@@ -386,6 +386,24 @@ def test_a_state_clock_starts_when_update_status_ran_not_at_the_next_iteration()
     assert [(e.state_label, e.entered_at) for e in expiries] == [("Transferring", T0 + 1)]
 
 
+def test_pending_handovers_of_requests_that_left_do_not_pile_up():
+    from stallguard_sglang._inflight import _SLACK
+
+    with guarded() as (_clock, expiries):
+        sched = sgs.FakeScheduler()
+        mgr = sgs.make_manager("nixl")
+        for i in range(3 * _SLACK):  # short-lived requests, never due for a handover
+            req = request(sched, "nixl", f"r{i}", WFI, mgr=mgr)
+            sched.prefill(req)
+            sched.step()
+            sgs.set_status(req.disagg_kv_sender, SUCCESS)
+            sched.step()
+        [lane] = guard_of(sched).checks
+        assert sched.inflight_rids() == [] and len(lane.pending) <= _SLACK + 1
+        assert mgr._stallguard_rooms == {}
+    assert expiries == []
+
+
 def test_requests_that_left_are_forgotten_everywhere():
     with guarded() as (_clock, expiries):
         sched = sgs.FakeScheduler()

@@ -83,6 +83,8 @@ KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success
 _FAILED, _BOOTSTRAPPING, _WAITING, _TRANSFERRING, _SUCCESS = range(5)
 _CONCLUDED = frozenset((_FAILED, _SUCCESS))  # observed terminal: no longer tracked
 _LIVE = frozenset((_BOOTSTRAPPING, _WAITING, _TRANSFERRING))
+#: stale pending handovers tolerated beyond twice the queue's size before compacting
+_SLACK = 1024
 _TERMINAL = ("Success", "Failed")
 
 # Attributes the adapter sets on SGLang objects (names nobody else uses).
@@ -230,15 +232,6 @@ class _Lane:
             "sglang.queue": guard.kind,
         }
 
-    def enrolled(self, entry: _Entry, now: float) -> None:
-        """*entry* joined the queue at *now*, in ``entry.state`` (read at enrollment):
-        its deadlines count from here, whatever state it was in before."""
-        entry.since = now
-        if self.direct:
-            self.watch(entry)
-        elif entry.state in _LIVE and self.lag is not None:
-            self.pending.append((now + self.lag, entry, now))
-
     def watch(self, entry: _Entry) -> None:
         """Hand *entry* to the watchdog: its span attributes, and its current state
         since it started (and the last renewal of its progress window)."""
@@ -255,16 +248,25 @@ class _Lane:
         attributes.update(self.static)
         wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(req))
 
-    def hand_over(self) -> None:
-        """Watch the requests whose state has lasted ``lag`` (before ``check()``)."""
+    def hand_over(self, now: float) -> None:
+        """Watch the requests whose state has lasted ``lag`` at *now* (before
+        ``check()``)."""
         pending = self.pending
-        now = self.clock()
         watch = self.watch
         while pending and pending[0][0] <= now:
             _, entry, since = pending.popleft()
             # stale if the request left, or changed state since this was queued
             if entry.live and entry.since == since and not entry.watched:
                 watch(entry)
+
+    def compact(self) -> None:
+        """Drop the pending handovers that went stale (their request left or changed
+        state): keeps ``pending`` within twice the queue plus ``_SLACK`` records."""
+        self.pending = collections.deque(
+            record
+            for record in self.pending
+            if record[1].live and record[1].since == record[2] and not record[1].watched
+        )
 
     def apply_events(self) -> None:
         """Apply the state changes the hooks captured since the last call (scheduler
@@ -277,7 +279,10 @@ class _Lane:
             entry, status, at = popleft()
             if not entry.live:
                 continue
-            state = _read_state(entry)
+            state = entry.sender.conclude_state  # _read_state, inlined: this is per event
+            if state is None:
+                statuses = entry.statuses
+                state = statuses.get(entry.room) if statuses is not None else _read_state(entry)
             if state == entry.state:
                 if status == state and state in beats:
                     if entry.watched:
@@ -322,25 +327,35 @@ class _Entry:
         "sender",
         "since",
         "state",
-        "status_get",
+        "statuses",
         "watched",
     )
 
-    def __init__(self, lane: _Lane, req: Any, sender: Any, room: Any, mgr: Any) -> None:
+    def __init__(
+        self,
+        lane: _Lane,
+        req: Any,
+        sender: Any,
+        room: Any,
+        mgr: Any,
+        rooms: dict[Any, _Entry] | None,
+        since: float,
+    ) -> None:
         self.lane = lane
         self.req = req
         self.rid = req.rid
         self.sender = sender
         self.room = room
         self.mgr = mgr
-        # CommonKVSender backends: the manager's request_status.get (None for fake)
-        self.status_get = None if mgr is None else mgr.request_status.get
-        self.rooms: dict[Any, _Entry] | None = None  # the manager's room -> entry map
+        # CommonKVSender backends: the manager's room -> status map (None for fake)
+        self.statuses: dict[Any, int] | None = None if mgr is None else mgr.request_status
+        self.rooms = rooms  # the manager's room -> entry map (None for fake)
         self.live = True
-        #: the sender state the guard last applied, since when, and the last renewal
-        #: of its progress window (on the lane's clock)
+        #: the sender state the guard last applied, since when (on the lane's clock:
+        #: from enrollment, whatever state the request was in before), and the last
+        #: renewal of its progress window
         self.state: int | None = None
-        self.since = 0.0
+        self.since = since
         self.beat: float | None = None
         #: tracked by the lane's watchdog (see _Lane)
         self.watched = False
@@ -360,9 +375,9 @@ def _read_state(entry: _Entry) -> int | None:
     concluded = entry.sender.conclude_state
     if concluded is not None:
         return concluded  # type: ignore[no-any-return]
-    get = entry.status_get
-    if get is not None:
-        return get(entry.room)  # type: ignore[no-any-return]
+    statuses = entry.statuses
+    if statuses is not None:
+        return statuses.get(entry.room)
     return _SUCCESS if entry.sender.has_sent else _WAITING
 
 
@@ -473,9 +488,11 @@ class _QueueGuard:
         self.seen_len = n
         self.seen_tail = queue[-1] if n else None
         for lane in self.checks:
-            if lane.pending:
-                lane.hand_over()
-            expiries = lane.wd.check()
+            now = lane.clock()
+            pending = lane.pending
+            if pending and pending[0][0] <= now:
+                lane.hand_over(now)
+            expiries = lane.wd.check(now)
             if expiries and lane.wd.mode == "report":
                 for expiry in expiries:
                     _metrics.count(
@@ -486,12 +503,15 @@ class _QueueGuard:
         """Forget the requests SGLang's call removed from the queue (*left*, and any
         that left silently), and remember the new list."""
         if left:
-            entries = self.entries
+            pop = self.entries.pop
             leave = self._leave
             for req in left:
-                entry = entries.get(id(req))
+                entry = pop(id(req), None)
                 if entry is not None:
                     leave(entry)
+            for lane in self.checks:
+                if len(lane.pending) > 2 * len(self.entries) + _SLACK:
+                    lane.compact()
         if len(queue) != before_len - len(left):
             self._resync(queue)
         self.seen_list = queue
@@ -506,6 +526,7 @@ class _QueueGuard:
         present = {id(req) for req in queue}
         gone = [entry for rid, entry in self.entries.items() if rid not in present]
         for entry in gone:
+            del self.entries[id(entry.req)]
             self._leave(entry)
         new = [req for req in queue if id(req) not in self.entries]
         if new:
@@ -516,7 +537,8 @@ class _QueueGuard:
         entries = self.entries
         lanes = self.lanes
         backend_of = rt._backend_of
-        now_of: dict[_Lane, float] = {}  # one clock read per lane and batch
+        last: _Lane | None = None
+        now = 0.0
         for req in reqs:
             if id(req) in entries:
                 continue
@@ -531,32 +553,33 @@ class _QueueGuard:
                 lane = self._lane(backend)
             if lane is None:
                 continue
+            if lane is not last:  # one clock read per lane and batch
+                last = lane
+                now = lane.clock()
             room = req.bootstrap_room
             if lane.common:
                 mgr = sender.kv_mgr
-                entry = _Entry(lane, req, sender, room, mgr)
                 rooms = getattr(mgr, _ROOMS, None)
                 if rooms is None:
                     rooms = {}
                     setattr(mgr, _ROOMS, rooms)
+                entry = _Entry(lane, req, sender, room, mgr, rooms, now)
                 rooms[room] = entry
-                entry.rooms = rooms
             else:
-                entry = _Entry(lane, req, sender, room, None)
+                entry = _Entry(lane, req, sender, room, None, None, now)
                 setattr(sender, _FAKE, entry)
             entries[id(req)] = entry
             # (read after the entry is in the rooms map: a change this read misses
             # finds the entry there and is captured as an event)
-            entry.state = _read_state(entry)
-            now = now_of.get(lane)
-            if now is None:
-                now = now_of[lane] = lane.clock()
-            lane.enrolled(entry, now)
+            state = entry.state = _read_state(entry)
+            if lane.direct:
+                lane.watch(entry)
+            elif state in _LIVE and lane.lag is not None:
+                lane.pending.append((now + lane.lag, entry, now))
 
     def _leave(self, entry: _Entry) -> None:
-        """Forget a request that left the queue."""
+        """Forget a request that left the queue (already out of ``entries``)."""
         entry.live = False
-        del self.entries[id(entry.req)]
         rooms = entry.rooms
         if rooms is not None:
             if rooms.get(entry.room) is entry:
@@ -565,7 +588,7 @@ class _QueueGuard:
             delattr(entry.sender, _FAKE)
         if entry.watched and entry.state not in _CONCLUDED:  # the watchdog tracks it
             entry.lane.wd.forget(entry, remember=False)
-        # the entry may live on a little (pending annotation, the watchdog's last
+        # the entry may live on a little (a pending handover, the watchdog's last
         # tombstone): do not keep the finished request alive with it
         entry.req = entry.sender = None
 
