@@ -54,6 +54,16 @@ Bootstrapping = 1e6
 WaitingForInput = 1e6
 Transferring = 1e6
 """
+# --watch-all: a progress window on Transferring makes the adapter hand every request to
+# its watchdog at enrollment and every change as it is applied (the cost of the
+# watchdog's bookkeeping for every request, as if every request outlived half its
+# shortest deadline)
+CONFIG_WATCH_ALL = """
+[prefill.deadlines]
+Bootstrapping = 1e6
+WaitingForInput = 1e6
+Transferring = { seconds = 1e6, stall = 1e6 }
+"""
 pc = time.perf_counter_ns
 
 
@@ -153,6 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         help="requests completing (and joining) per iteration, with as many moving from "
         "WaitingForInput to Transferring; a comma-separated list runs each",
     )
+    parser.add_argument(
+        "--watch-all",
+        action="store_true",
+        help="configure a progress window, so that every request is in the watchdog from "
+        "enrollment (the worst case) instead of once its state has lasted half the "
+        "shortest deadline",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny run: checks the script only")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -161,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         counts, args.rounds, args.batch = [50], 2, 3
 
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as config:
-        config.write(CONFIG)
+        config.write(CONFIG_WATCH_ALL if args.watch_all else CONFIG)
     os.environ["STALLGUARD_SGLANG_CONFIG"] = config.name
     os.environ.pop("STALLGUARD_SGLANG", None)
 
@@ -178,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
 
     mixin, manager = SchedulerDisaggregationPrefillMixin, CommonKVManager
     queue_attr, status_attr = "process_disagg_prefill_inflight_queue", "update_status"
+    # (locals, on purpose: load_plugins() rebinds every *module global* that holds the
+    # original function to the hooked one (HookRegistry's _propagate_patch), so a harness
+    # keeping the originals in module globals would time the adapter in every arm)
     original_queue = mixin.__dict__[queue_attr]
     original_status = manager.__dict__[status_attr]
     load_plugins()  # as run_scheduler_process does: the adapter's register() runs here
@@ -198,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     sgs.setup_context(0, 1)
 
     results = []
+    in_watchdog: list[str] = []  # per row: requests the enabled arm's watchdogs track
     load0 = os.getloadavg()[0]
     for n, churn in [(n, c) for n in counts for c in churns]:
         log(f"N={n}, churn {churn}: building {3 * n} requests")
@@ -235,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         tracked = len(guard.entries) if guard else 0
         if tracked != n:
             raise SystemExit(f"enabled arm guards {tracked} requests, expected {n}")
+        watched = sum(len(wd) for wd in guard.watchdogs.values())
+        if args.watch_all and watched != n:
+            raise SystemExit(f"--watch-all: the watchdog tracks {watched} requests, not {n}")
+        in_watchdog.append(f"{watched:,} of {n:,}")
         results.append((n, churn, medians, len(arms[0].samples), paired))
         log(
             f"N={n}, churn {churn}: "
@@ -246,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SGLang {sglang.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load0:.2f} -> {load1:.2f}; "
-        f"{args.rounds} alternations x {args.batch} iterations per arm and N.\n"
+        f"{args.rounds} alternations x {args.batch} iterations per arm and N"
+        f"{'; --watch-all (every request in the watchdog)' if args.watch_all else ''}.\n"
     )
     print(
         "| inflight N | churn | disabled | enabled | naive re-poll | enabled/disabled "
@@ -266,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         "queue; churn requests join the queue after each, untimed) and nanoseconds per "
         "inflight request. Ratios: of the medians, and (paired) the median over rounds of "
         "the ratio of the round medians of arms run back to back."
+    )
+    print(
+        "Requests in the enabled arm's watchdogs at the end of each row (the others wait "
+        "for their state to last half the shortest deadline): " + ", ".join(in_watchdog) + "."
     )
     ratios = [
         max(med["enabled"] / med["disabled"], paired["enabled"])

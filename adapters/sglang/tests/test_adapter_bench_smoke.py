@@ -25,10 +25,11 @@ pytestmark = [
 ]
 
 
-def test_bench_sglang_queue_quick():
+@pytest.mark.parametrize("extra", [[], ["--watch-all"]], ids=["default", "watch-all"])
+def test_bench_sglang_queue_quick(extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_sglang_queue.py"), "--quick"],
+        [sys.executable, str(ROOT / "benchmarks" / "bench_sglang_queue.py"), "--quick", *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -40,3 +41,7 @@ def test_bench_sglang_queue_quick():
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1] == "2"  # churn
     assert all(" us (" in c for c in cells[2:5])  # disabled, enabled, naive medians
+    # the script itself checks that the enabled arm guards every request (and, with
+    # --watch-all, that its watchdog tracks every one); it reports how many it tracks
+    expected = "50 of 50" if extra else "0 of 50"
+    assert "watchdogs at the end of each row" in proc.stdout and expected in proc.stdout
