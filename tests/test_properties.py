@@ -6,7 +6,7 @@ obviously too slow; the watchdog must agree with it on every check.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import stallguard as sg
@@ -100,18 +100,29 @@ class Reference:
 
 
 def run(mode, operations):
+    """An observe/heartbeat operation with a trailing *lag* is applied late: with
+    ``at=`` that much before now, kept in time order across operations (as a caller
+    applying captured changes in the order they happened does)."""
     set_on_expire_hooks([])
     clock = FakeClock()
     wd = sg.Watchdog(SPEC, clock=clock, mode=mode)
     ref = Reference(mode)
+    last_at = float("-inf")
     for op in operations:
         kind = op[0]
+        if kind in ("observe", "heartbeat"):
+            lag = op[-1] if isinstance(op[-1], float) else None
+            if lag is None:
+                at = None
+                t = last_at = clock()
+            else:
+                t = at = last_at = max(clock() - lag, last_at)
         if kind == "observe":
-            wd.observe(op[1], op[2])
-            ref.observe(op[1], op[2], clock())
+            wd.observe(op[1], op[2], at=at)
+            ref.observe(op[1], op[2], t)
         elif kind == "heartbeat":
-            wd.heartbeat(op[1])
-            ref.heartbeat(op[1], clock())
+            wd.heartbeat(op[1], at=at)
+            ref.heartbeat(op[1], t)
         elif kind == "forget":
             wd.forget(op[1])
             ref.forget(op[1])
@@ -137,6 +148,32 @@ def test_enforce_matches_reference(operations):
 @settings(max_examples=200, deadline=None)
 @given(ops)
 def test_report_matches_reference(operations):
+    run("report", operations)
+
+
+LAGS = st.sampled_from([0.0, 0.5, 1.0, 1.5])
+FEW_KEYS = st.integers(0, 2)  # fewer keys: more operations on the same request
+late_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("observe"), FEW_KEYS, st.sampled_from(STATES), LAGS),
+        st.tuples(st.just("heartbeat"), FEW_KEYS, LAGS),
+        st.tuples(st.just("forget"), FEW_KEYS),
+        st.tuples(st.just("advance"), st.sampled_from([0, 0.5, 1, 2, 2.5, 3, 5])),
+        st.tuples(st.just("check")),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(late_ops)
+@example([("observe", 0, "a", 1.5), ("advance", 2), ("check",)])
+@example(
+    [("observe", 0, "c", 0.0), ("advance", 1), ("heartbeat", 0, 1.0), ("advance", 1), ("check",)]
+)
+def test_changes_applied_late_with_at_match_reference(operations):
+    """observe/heartbeat with ``at=`` behave as if made at *at*."""
+    run("enforce", operations)
     run("report", operations)
 
 
