@@ -470,19 +470,11 @@ def test_repr(wd):
 
 class TestAt:
     """``observe(..., at=)`` / ``heartbeat(..., at=)``: changes captured with a clock
-    reading where they happen and applied later (the SGLang adapter's pattern)."""
+    reading where they happen and applied later (the SGLang adapter's pattern). Same
+    spec and fixture as TestLifetimeAndStall."""
 
-    SPEC = sg.Spec(
-        "at",
-        {"queued": 50, "running": sg.Deadline(seconds=100, stall=10)},
-        terminal=["done"],
-        lifetime=200,
-    )
-
-    @pytest.fixture
-    def wd(self, clock):
-        set_on_expire_hooks([])
-        return sg.Watchdog(self.SPEC, clock=clock)
+    SPEC = TestLifetimeAndStall.SPEC
+    wd = TestLifetimeAndStall.wd
 
     def test_stall_window_starts_at_at_not_when_applied(self, wd, clock):
         wd.observe("r", "queued")
