@@ -4,8 +4,10 @@ How it works (docs/sglang.md has the why):
 
 * A **queue guard** belongs to one queue: a scheduler's ``disagg_prefill_inflight_queue``
   or a ``PrefillBootstrapQueue``'s ``queue``. Around each call of the queue's method it
-  (1) enrolls the requests that joined the queue since the last call, (2) runs the
-  deadline check once, (3) calls SGLang's method, and (4) forgets the requests that left.
+  (1) applies the state changes captured since the last call, (2) enrolls the requests
+  that joined the queue meanwhile, (3) hands the requests whose state has lasted long
+  enough to the watchdog (see ``_Lane``) and runs the deadline check once, (4) calls
+  SGLang's method, and (5) forgets the requests that left.
   Enrollment is O(new requests): SGLang only appends to these lists between calls and
   replaces them with a new list at the end of each call, so new requests are the tail
   past what the guard saw last time. Anything else (a replaced or shrunk list, requests
