@@ -257,17 +257,14 @@ class _Lane:
         watch = self.watch
         while pending and pending[0][0] <= now:
             _, entry, since = pending.popleft()
-            # stale if the request left, or changed state since this was queued
-            if entry.live and entry.since == since and not entry.watched:
+            if _awaits_handover(entry, since):
                 watch(entry)
 
     def compact(self) -> None:
         """Drop the pending handovers that went stale (their request left or changed
         state): keeps ``pending`` within twice the queue plus ``_SLACK`` records."""
         self.pending = collections.deque(
-            record
-            for record in self.pending
-            if record[1].live and record[1].since == record[2] and not record[1].watched
+            record for record in self.pending if _awaits_handover(record[1], record[2])
         )
 
     def apply_events(self) -> None:
@@ -310,6 +307,12 @@ class _Lane:
                 entry.watched = False
             if state in _LIVE and self.lag is not None:
                 self.pending.append((since + self.lag, entry, since))
+
+
+def _awaits_handover(entry: _Entry, since: float) -> bool:
+    """Whether a pending handover of *entry*'s state that started at *since* still
+    holds: stale if the request left, changed state since, or is already watched."""
+    return entry.live and entry.since == since and not entry.watched
 
 
 class _Entry:
