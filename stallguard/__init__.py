@@ -19,15 +19,20 @@ from ._config import (
 )
 from ._details import Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
 from ._errors import ConfigError, StallguardError, UnknownStateError
+from ._options import WatchdogOptions
 from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
 from ._spec import Deadline, Spec, State, state_label
-from ._watchdog import Watchdog
+from ._watchdog import Listener, Watchdog
+
+# Installs the default instrumentation hooks in the registry watchdogs read.
+from . import instrumentation as instrumentation  # isort: skip
 
 __all__ = [
     "AsyncWait",
     "ConfigError",
     "Deadline",
     "Expiry",
+    "Listener",
     "Mode",
     "Reason",
     "Snapshot",
@@ -40,6 +45,7 @@ __all__ = [
     "UnknownStateError",
     "Watchdog",
     "WatchdogConfig",
+    "WatchdogOptions",
     "WatchdogThread",
     "load_config",
     "load_spec",

@@ -5,7 +5,7 @@ Two runners share one loop (see docs/runners.md for the why):
 1. ``check()`` (expire whatever is due),
 2. arm a fresh wake-up signal,
 3. ``next_deadline()`` (exact; from here on, any earlier deadline calls
-   :attr:`Watchdog.on_earlier_deadline`, which fires the signal),
+   the runner's ``on_earlier_deadline`` listener, which fires the signal),
 4. wait until the signal fires or the deadline's time has come.
 
 Arming the signal *before* reading the next deadline closes the race with a state change
@@ -16,7 +16,7 @@ signal.
 * :class:`WatchdogThread`: a plain thread for synchronous programs.
 
 Neither runs a timer per request. The waker that the watchdog calls (from any thread,
-under its lock) only sets a flag and, from a foreign thread, posts one non-blocking call
+never under its lock) only sets a flag and, from a foreign thread, posts one non-blocking call
 to the event loop; it never calls back into the watchdog.
 """
 
@@ -60,18 +60,15 @@ def _check_watchdog(watchdog: object) -> Watchdog[Any]:
 
 
 def _install(watchdog: Watchdog[Any], waker: Callable[[], None]) -> None:
-    current = watchdog.on_earlier_deadline
-    if current is not None:
-        raise StallguardError(
-            f"{watchdog!r} already has a wake-up callback ({current!r}): is another runner "
-            "running it? One runner per watchdog is enough; stop the other one first"
-        )
-    watchdog.on_earlier_deadline = waker
+    """Wake *waker* whenever an earlier deadline appears (a listener: any number of
+    runners, metrics and integrations may listen to one watchdog)."""
+    watchdog.add_listener(on_earlier_deadline=waker)
 
 
 def _uninstall(watchdog: Watchdog[Any], waker: Callable[[], None]) -> None:
-    if watchdog.on_earlier_deadline is waker:
-        watchdog.on_earlier_deadline = None
+    for listener in watchdog.listeners:
+        if listener.on_earlier_deadline is waker:
+            listener.remove()
 
 
 def _clock(watchdog: Watchdog[Any]) -> Callable[[], float]:
@@ -178,9 +175,7 @@ async def run_watchdog(
             is listening for new deadlines.
 
     Raises:
-        StallguardError: if *watchdog* already has a runner (its
-            :attr:`~Watchdog.on_earlier_deadline` slot is taken), or if not run under
-            asyncio or trio.
+        StallguardError: if not run under asyncio or trio.
 
     Example::
 
@@ -301,7 +296,6 @@ class WatchdogThread:
         """Start the thread; returns self. It is listening for deadlines on return.
 
         Raises:
-            StallguardError: if the watchdog already has a runner.
             RuntimeError: if this runner was started before.
         """
         if self._thread.ident is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Hashable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Union
@@ -11,6 +10,7 @@ from typing import Any, Union
 import attrs
 
 from ._errors import ConfigError
+from ._validate import check_seconds
 
 __all__ = ["Deadline", "Spec", "State", "state_label"]
 
@@ -28,19 +28,7 @@ def state_label(state: State) -> str:
 
 def _seconds(field: str, value: object) -> float | None:
     """Validate a duration in seconds: a positive, finite real number, or None."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(
-            f"{field} must be a number of seconds or None, got {value!r} ({type(value).__name__})"
-        )
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds) or seconds <= 0:
-        raise ConfigError(
-            f"{field} must be a positive, finite number of seconds, got {value!r}; "
-            "use None to declare explicitly that there is no deadline"
-        )
-    return seconds
+    return check_seconds(field, value)
 
 
 def _check_state(field: str, state: object) -> State:

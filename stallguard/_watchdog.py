@@ -1,20 +1,24 @@
 """The watchdog: per-state deadline tracking at hot-loop cost.
 
-Design (see docs/watchdog.md for the why):
+Design (docs/watchdog.md, "How it works", says more):
 
-* Every state has one fixed deadline, so the requests in a state expire in the order
-  they entered it. Each non-terminal state keeps an insertion-ordered FIFO
-  (``OrderedDict`` key -> entry time); a state change is a delete in one FIFO and an
-  append to another, O(1). Only FIFO heads can be due.
-* Progress windows keep a FIFO per state too; a heartbeat moves its key to the tail
-  (a renewal never strands an overdue entry behind a renewed head). The lifetime
-  deadline keeps one FIFO in order of first observation.
-* ``_next_due`` is a lower bound on the earliest due time of any FIFO head. It only
-  ever moves down when something is appended and is recomputed exactly after an
-  expiry pass, so ``check()`` with nothing due is one clock read and one comparison,
-  whatever the number of tracked requests.
-* No thread, task or timer exists per request; an expiry is decided in ``check()``,
-  where the owner of the request can act on it.
+* A tracked request is one record (``_Rec``): its key, its state's slot, when it entered
+  the state, the last renewal of its progress window, a stamp per deadline clock.
+* Every deadline clock (each state's deadline, each progress window, the lifetime) is a
+  **lazy FIFO**: a ``deque`` of ``(start, record, stamp)`` appended in time order. Every
+  entry on one clock shares one duration, so entries fall due in the order they were
+  appended and only the head can be due. Leaving a state does not touch the FIFO: it
+  bumps the record's stamp, which makes the old entry stale; stale entries are dropped
+  when they reach the head (or by a compaction that keeps each FIFO within twice its
+  live entries plus a constant). A state change is therefore two attribute writes and
+  one ``deque.append``; a request that lives milliseconds against deadlines of tens of
+  seconds is never visited again.
+* ``_next_due`` is a lower bound on the earliest due time of any FIFO head (stale or
+  not). It only moves down when something is appended, and is recomputed exactly after
+  an expiry pass, so ``check()`` with nothing due is one clock read and one comparison.
+* No thread, task or timer exists per request; expiries are decided in ``check()``,
+  where the owner of the requests can act on them. Hooks and listeners never run while
+  the watchdog holds its lock.
 """
 
 from __future__ import annotations
@@ -24,19 +28,19 @@ import logging
 import math
 import operator
 import threading
-import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar, cast
 
 import attrs
 
-from . import instrumentation as _instrumentation
+from . import _registry
 from ._details import Expiry, Mode, Snapshot, StateSummary, TrackedRequest
 from ._errors import ConfigError, UnknownStateError
-from ._spec import Deadline, Spec, State, state_label
+from ._options import WatchdogOptions
+from ._spec import Spec, State, state_label
 
-__all__ = ["Watchdog"]
+__all__ = ["Listener", "Watchdog"]
 
 log = logging.getLogger("stallguard")
 
@@ -48,13 +52,15 @@ _MISSING: Any = object()
 _INF = math.inf
 _EXPIRED = True  # tombstone value: the key was force-failed (enforce mode)
 _CONCLUDED = False  # tombstone value: terminal state, forget(), or reported-then-ended
+_DEAD = -1  # a record's stamps once it is untracked: every FIFO entry for it is stale
+_SLACK = 1024  # stale FIFO entries tolerated beyond twice the live ones
 _by_due = operator.itemgetter(0)
 
 # Building the Expiry is most of an expiry's cost. attrs' frozen __init__ sets each field
-# through object.__setattr__ (~1.1 µs for 11 fields on CPython 3.11, ~1.6 µs with keyword
-# arguments); _collect sets the slots through their descriptors instead (~0.75 µs), which
-# builds the identical object. That is only valid while Expiry has exactly these slotted
-# fields and nothing else runs at construction: checked here, at import.
+# through object.__setattr__ (~1.1 µs for 11 fields on CPython 3.11); _collect sets the
+# slots through their descriptors instead (~0.75 µs), which builds the identical object.
+# That is only valid while Expiry has exactly these slotted fields and nothing else runs
+# at construction: checked here, at import.
 _EXPIRY_FIELDS = (
     "key",
     "spec",
@@ -96,45 +102,117 @@ _new_expiry = Expiry.__new__
 ) = (getattr(Expiry, name).__set__ for name in _EXPIRY_FIELDS)
 
 
-class _Slot:
-    """Per-state bookkeeping."""
-
-    __slots__ = (
-        "deadline",
-        "fifo",
-        "label",
-        "parked",
-        "seconds",
-        "stall",
-        "stall_fifo",
-        "state",
-        "terminal",
-    )
-
-    def __init__(self, state: State, deadline: Deadline | None) -> None:
-        self.state = state
-        self.label = state_label(state)
-        self.terminal = deadline is None
-        self.deadline = deadline if deadline is not None else Deadline()
-        self.seconds = self.deadline.seconds
-        self.stall = self.deadline.stall
-        # key -> time the key entered this state (only for non-terminal states)
-        self.fifo: OrderedDict[Any, float] | None = None if self.terminal else OrderedDict()
-        # key -> last progress (only for states with a progress window)
-        self.stall_fifo: OrderedDict[Any, float] | None = (
-            OrderedDict() if self.stall is not None else None
-        )
-        # report mode: key -> entry time, for requests whose state deadline was reported
-        self.parked: dict[Any, float] = {}
-
-
 class _Note:
+    """Telemetry attached with annotate()."""
+
     __slots__ = ("attributes", "links", "parent")
 
     def __init__(self) -> None:
         self.attributes: dict[str, Any] = {}
         self.parent: Any = None
         self.links: tuple[Any, ...] = ()
+
+
+class _Rec:
+    """One tracked request. ``gen``/``beat_gen``/``life`` stamp the FIFO entries of its
+    state clock, progress window and lifetime; an entry whose stamp differs is stale."""
+
+    __slots__ = ("beat", "beat_gen", "gen", "key", "life", "note", "since", "slot")
+
+    def __init__(self, key: Any, slot: _Slot, since: float) -> None:
+        self.key = key
+        self.slot = slot
+        self.since = since
+        self.gen = 0
+        self.beat = since
+        self.beat_gen = 0
+        self.life = 0
+        self.note: _Note | None = None
+
+
+class _Clock:
+    """A lazy FIFO of ``(start, record, stamp)``: one deadline clock."""
+
+    __slots__ = ("limit", "q", "reason", "seconds", "stamp")
+
+    def __init__(self, seconds: float, reason: str, stamp: str) -> None:
+        self.q: deque[tuple[float, _Rec, int]] = deque()
+        self.seconds = seconds
+        self.reason = reason
+        #: reads the record's current stamp for this clock
+        self.stamp: Callable[[_Rec], int] = operator.attrgetter(stamp)
+        #: compact when the FIFO grows past this (amortised O(1) per append)
+        self.limit = _SLACK
+
+    def head(self) -> tuple[float, _Rec, int] | None:
+        """The first live entry, dropping stale ones on the way."""
+        q = self.q
+        stamp = self.stamp
+        while q:
+            entry = q[0]
+            if stamp(entry[1]) == entry[2]:
+                return entry
+            q.popleft()
+        return None
+
+    def compact(self) -> None:
+        stamp = self.stamp
+        self.q = deque(e for e in self.q if stamp(e[1]) == e[2])
+        self.limit = 2 * len(self.q) + _SLACK
+
+    def tail(self) -> float:
+        q = self.q
+        return q[-1][0] if q else -_INF
+
+
+class _Slot:
+    """Per-state bookkeeping."""
+
+    __slots__ = (
+        "count",
+        "deadline",
+        "label",
+        "parked",
+        "seconds",
+        "stall",
+        "stalls",
+        "state",
+        "terminal",
+        "timer",
+    )
+
+    def __init__(self, state: State, deadline: Any) -> None:
+        self.state = state
+        self.label = state_label(state)
+        self.terminal = deadline is None
+        self.deadline = deadline
+        self.seconds: float | None = None if deadline is None else deadline.seconds
+        self.stall: float | None = None if deadline is None else deadline.stall
+        #: every live request in this state, by start (the state clock when it has one)
+        self.timer: _Clock | None = (
+            None if self.terminal else _Clock(self.seconds or _INF, "state", "gen")
+        )
+        self.stalls: _Clock | None = (
+            None if self.stall is None else _Clock(self.stall, "stall", "beat_gen")
+        )
+        #: requests in this state now
+        self.count = 0
+        #: report mode: records whose state deadline was reported -> state start
+        self.parked: dict[_Rec, float] = {}
+
+
+@attrs.frozen(eq=False)
+class Listener:
+    """A handle returned by :meth:`Watchdog.add_listener`; :meth:`remove` unhooks it."""
+
+    watchdog: Watchdog[Any] = attrs.field(repr=False)
+    on_expire: Callable[[Expiry[Any]], object] | None = None
+    on_leave: Callable[[str, float], object] | None = None
+    on_earlier_deadline: Callable[[], object] | None = None
+
+    def remove(self) -> bool:
+        """Stop calling this listener. Returns False if it was already removed."""
+        return self.watchdog.remove_listener(self)
 
 
 def _hooks(on_expire: object) -> tuple[Callable[[Expiry[Any]], object], ...]:
@@ -151,22 +229,33 @@ def _hooks(on_expire: object) -> tuple[Callable[[Expiry[Any]], object], ...]:
     raise ConfigError(f"on_expire must be a callable or a sequence of callables, got {on_expire!r}")
 
 
+def _check_time(name: str, value: Any) -> float:
+    """*value* as a time on the watchdog's clock: a finite real number."""
+    if value.__class__ is not float and (
+        value.__class__ is bool or not isinstance(value, (int, float))
+    ):
+        raise TypeError(
+            f"{name} must be a time in seconds on the watchdog's clock, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    try:
+        if math.isfinite(value):
+            return value  # type: ignore[no-any-return]
+    except OverflowError:  # an int too large for a float
+        pass
+    raise ValueError(f"{name} must be a finite time on the watchdog's clock, got {value!r}")
+
+
 def _check_at(at: Any, now: float) -> float:
-    """*at* as a start time: a number not later than *now*."""
-    if at.__class__ is bool or not isinstance(at, (int, float)):
-        raise TypeError(f"at must be a time in seconds on the watchdog's clock, got {at!r}")
-    if not at <= now:  # also NaN
+    """*at* as a start time: a finite number not later than *now*."""
+    at = _check_time("at", at)
+    if not at <= now:
         raise ValueError(f"at={at!r} is later than the watchdog clock's now ({now!r})")
-    return at
+    return at  # type: ignore[no-any-return]
 
 
-def _not_before_tail(fifo: OrderedDict[Any, float], start: float) -> float:
-    """*start*, or the FIFO's latest start if that is later (keeps the FIFO ordered)."""
-    if fifo:
-        tail = fifo[next(reversed(fifo))]
-        if tail > start:
-            return tail
-    return start
+def _unhashable(key: object) -> TypeError:
+    return TypeError(f"a request key must be hashable, got {key!r} ({type(key).__name__})")
 
 
 class Watchdog(Generic[K]):
@@ -175,21 +264,27 @@ class Watchdog(Generic[K]):
 
     Args:
         spec: the states and their deadlines.
-        clock: returns the current time in seconds; must never go backwards. Defaults to
-            :func:`time.monotonic`. Tests pass a :class:`stallguard.testing.FakeClock`.
         on_expire: a callable, or a sequence of callables, that enforces an expiry: it is
             called with each :class:`~stallguard.Expiry` in ``"enforce"`` mode (to fail
             the request the way its owner fails requests). It is not called in
-            ``"report"`` mode. Instrumentation hooks (logging, OpenTelemetry; see
-            :mod:`stallguard.instrumentation`) see every expiry in both modes.
-        mode: ``"enforce"`` fails overdue requests; ``"report"`` only reports them (each
-            request once per deadline), for a safe rollout.
+            ``"report"`` mode. Listeners (:meth:`add_listener`) and instrumentation
+            hooks (logging, OpenTelemetry; see :mod:`stallguard.instrumentation`) see
+            every expiry in both modes.
+        options: a :class:`~stallguard.WatchdogOptions`; the keyword arguments below
+            override its fields.
+        clock: returns the current time in seconds; must never go backwards. Defaults to
+            :func:`time.monotonic`. Tests pass a :class:`stallguard.testing.FakeClock`.
+        mode: ``"enforce"`` (default) fails overdue requests; ``"report"`` only reports
+            them (each request once per deadline), for a safe rollout.
         unknown_state: ``"raise"`` (default) raises :class:`~stallguard.UnknownStateError`
             when a state the spec does not declare is observed; ``"ignore"`` drops it
             and counts it.
         memory: how many concluded keys (expired, terminal or forgotten) are remembered,
             so that a late ``observe`` for them is dropped instead of re-tracking the
-            request. Memory stays bounded: the oldest are forgotten first.
+            request (default 65,536). The oldest are forgotten first.
+
+    Raises:
+        ConfigError: naming the argument and the bad value.
 
     All methods are thread-safe: state changes may come from transfer threads while one
     thread runs :meth:`check`.
@@ -199,30 +294,40 @@ class Watchdog(Generic[K]):
         self,
         spec: Spec,
         *,
-        clock: Callable[[], float] = time.monotonic,
         on_expire: Callable[[Expiry[K]], object]
         | Iterable[Callable[[Expiry[K]], object]]
         | None = (),
-        mode: Mode = "enforce",
-        unknown_state: str = "raise",
-        memory: int = 65_536,
+        options: WatchdogOptions | None = None,
+        clock: Callable[[], float] | None = None,
+        mode: Mode | None = None,
+        unknown_state: str | None = None,
+        memory: int | None = None,
     ) -> None:
         if not isinstance(spec, Spec):
             raise ConfigError(f"spec must be a stallguard.Spec, got {spec!r}")
-        if not callable(clock):
-            raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
-        if mode not in ("enforce", "report"):
-            raise ConfigError(f"mode must be 'enforce' or 'report', got {mode!r}")
-        if unknown_state not in ("raise", "ignore"):
-            raise ConfigError(f"unknown_state must be 'raise' or 'ignore', got {unknown_state!r}")
-        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
-            raise ConfigError(f"memory must be a positive int, got {memory!r}")
-        self.spec = spec
-        self.mode: Mode = mode
-        self._clock = clock
+        if options is None:
+            options = WatchdogOptions()
+        elif not isinstance(options, WatchdogOptions):
+            raise ConfigError(f"options must be a stallguard.WatchdogOptions, got {options!r}")
+        given = {
+            name: value
+            for name, value in (
+                ("clock", clock),
+                ("mode", mode),
+                ("unknown_state", unknown_state),
+                ("memory", memory),
+            )
+            if value is not None
+        }
+        if given:
+            options = options.evolve(**given)
+        self._spec = spec
+        self._options = options
+        self._mode: Mode = options.mode
+        self._clock = options.clock
         self._enforce_hooks = _hooks(on_expire)
-        self._raise_unknown = unknown_state == "raise"
-        self._memory = memory
+        self._raise_unknown = options.unknown_state == "raise"
+        self._memory = options.memory
 
         self._slots: dict[State, _Slot] = {}
         for state, deadline in spec.deadlines.items():
@@ -231,25 +336,19 @@ class Watchdog(Generic[K]):
             self._slots[state] = _Slot(state, None)
         live = [s for s in self._slots.values() if not s.terminal]
         self._live: tuple[_Slot, ...] = tuple(live)
-        self._timed: tuple[_Slot, ...] = tuple(s for s in live if s.seconds is not None)
-        self._stalled: tuple[_Slot, ...] = tuple(s for s in live if s.stall is not None)
         self._lifetime = spec.lifetime
-        self._born: OrderedDict[K, float] | None = (
-            OrderedDict() if spec.lifetime is not None else None
+        self._life: _Clock | None = (
+            None if spec.lifetime is None else _Clock(spec.lifetime, "lifetime", "life")
         )
-        # Every deadline clock as (FIFO of key -> start, seconds, reason): the state
-        # deadlines, the progress windows, the lifetime. Only FIFO heads can be due.
-        clocks: list[tuple[OrderedDict[Any, float], float, Any]] = [
-            (s.fifo, s.seconds, "state")
-            for s in self._timed  # type: ignore[misc]
-        ]
-        clocks += [(s.stall_fifo, s.stall, "stall") for s in self._stalled]  # type: ignore[misc]
-        if self._born is not None:
-            clocks.append((self._born, spec.lifetime, "lifetime"))  # type: ignore[arg-type]
-        self._clocks = tuple(clocks)
+        # The clocks that can fire, in tie-break order: state deadlines, progress
+        # windows, lifetime (the most specific reason first).
+        clocks = [s.timer for s in live if s.seconds is not None]
+        clocks += [s.stalls for s in live if s.stalls is not None]
+        if self._life is not None:
+            clocks.append(self._life)
+        self._clocks: tuple[_Clock, ...] = tuple(c for c in clocks if c is not None)
 
-        self._where: dict[K, _Slot] = {}
-        self._notes: dict[K, _Note] = {}
+        self._where: dict[K, _Rec] = {}
         self._gone: OrderedDict[K, bool] = OrderedDict()
         self._next_due = _INF
         self._lock = threading.Lock()
@@ -257,14 +356,105 @@ class Watchdog(Generic[K]):
         self._hook_errors = 0
         self._late = 0
         self._unknown = 0
-        # Optional callbacks for integrations (runners, metrics); None costs nothing.
-        #: called (without arguments, possibly from another thread) when an earlier
-        #: deadline than any before appears; runners use it to wake up early.
-        self.on_earlier_deadline: Callable[[], None] | None = None
-        #: called as ``on_leave(state_label, seconds_in_state)`` when a tracked request
-        #: leaves a state (state change, terminal, forget, expiry); for histograms.
-        self.on_leave: Callable[[str, float], None] | None = None
-        _instrumentation._register_watchdog(self)
+        # expiries an interrupted check() could not hand to every hook: (expiry, hooks)
+        self._carry: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]] = []
+        self._listeners: tuple[Listener, ...] = ()
+        self._expire_listeners: tuple[Callable[[Expiry[K]], object], ...] = ()
+        self._leave_listeners: tuple[Callable[[str, float], object], ...] = ()
+        self._wake_listeners: tuple[Callable[[], object], ...] = ()
+        _registry.register_watchdog(self)
+
+    # ------------------------------------------------------------------ read-only
+
+    @property
+    def spec(self) -> Spec:
+        """The :class:`~stallguard.Spec` (read-only)."""
+        return self._spec
+
+    @property
+    def mode(self) -> Mode:
+        """``"enforce"`` or ``"report"`` (read-only: make a new watchdog to switch)."""
+        return self._mode
+
+    @property
+    def options(self) -> WatchdogOptions:
+        """The validated :class:`~stallguard.WatchdogOptions` (read-only)."""
+        return self._options
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock the watchdog reads."""
+        return self._clock
+
+    # ------------------------------------------------------------------ listeners
+
+    def add_listener(
+        self,
+        *,
+        on_expire: Callable[[Expiry[K]], object] | None = None,
+        on_leave: Callable[[str, float], object] | None = None,
+        on_earlier_deadline: Callable[[], object] | None = None,
+    ) -> Listener:
+        """Listen to this watchdog; any number of listeners may listen at once.
+
+        Args:
+            on_expire: called with every :class:`~stallguard.Expiry`, in both modes,
+                after the watchdog's own ``on_expire`` (enforce mode) and before the
+                process-wide instrumentation hooks.
+            on_leave: called as ``on_leave(state_label, seconds_in_state)`` when a
+                tracked request leaves a state (state change, terminal state, forget,
+                enforced expiry); for duration histograms.
+            on_earlier_deadline: called without arguments when a deadline earlier than
+                any pending one appears (possibly on another thread); runners use it to
+                wake up early.
+
+        None of them is called while the watchdog holds its lock, so they may call back
+        into it. An exception they raise is logged and counted in
+        :attr:`~stallguard.Snapshot.hook_errors`, never propagated.
+
+        Returns:
+            A :class:`Listener` handle; ``handle.remove()`` stops it.
+
+        Raises:
+            ConfigError: if an argument is not callable, or none is given.
+        """
+        for name, fn in (
+            ("on_expire", on_expire),
+            ("on_leave", on_leave),
+            ("on_earlier_deadline", on_earlier_deadline),
+        ):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"add_listener({name}=...) must be callable, got {fn!r}")
+        if on_expire is None and on_leave is None and on_earlier_deadline is None:
+            raise ConfigError(
+                "add_listener() needs at least one of on_expire, on_leave, on_earlier_deadline"
+            )
+        listener = Listener(self, on_expire, on_leave, on_earlier_deadline)
+        with self._lock:
+            self._set_listeners((*self._listeners, listener))
+        return listener
+
+    @property
+    def listeners(self) -> tuple[Listener, ...]:
+        """The listeners added with :meth:`add_listener` and not removed yet."""
+        return self._listeners
+
+    def remove_listener(self, listener: Listener) -> bool:
+        """Stop calling *listener*. Returns False if it was not listening."""
+        with self._lock:
+            kept = tuple(x for x in self._listeners if x is not listener)
+            if len(kept) == len(self._listeners):
+                return False
+            self._set_listeners(kept)
+            return True
+
+    def _set_listeners(self, listeners: tuple[Listener, ...]) -> None:
+        self._listeners = listeners
+        self._expire_listeners = tuple(x.on_expire for x in listeners if x.on_expire)
+        self._leave_listeners = tuple(x.on_leave for x in listeners if x.on_leave)
+        self._wake_listeners = tuple(
+            x.on_earlier_deadline for x in listeners if x.on_earlier_deadline
+        )
 
     # ------------------------------------------------------------------ state changes
 
@@ -273,75 +463,120 @@ class Watchdog(Generic[K]):
 
         The first sight of a key starts tracking it. A different state restarts the
         state clock; observing the same state again does not (Erlang ``gen_statem``'s
-        ``state_timeout`` rule). A terminal state untracks the key. An observe for a key
-        that has already concluded (expired, terminal, or forgotten, and still within
-        ``memory``) is dropped and counted as a late event: it never re-arms the request.
+        ``state_timeout`` rule). A terminal state untracks the key and remembers it as
+        concluded, **also when it is the first sight of the key**: a stale live state
+        arriving after a request finished never re-tracks it. An observe for a key that
+        has concluded (expired, terminal, or forgotten, and still within ``memory``) is
+        dropped and counted as a late event: it never re-arms the request.
 
         Args:
             at: when the request entered *state*, on the watchdog's clock; default: now.
                 For changes captured (with a clock reading) where they happen and
-                applied later, e.g. by the loop that runs :meth:`check`. Never later
-                than now. To keep every deadline clock in time order, an *at* earlier
-                than the start of the latest request on that clock is raised to it: the
+                applied later, e.g. by the loop that runs :meth:`check`. A finite
+                number, never later than now. To keep every deadline clock in time
+                order, an *at* earlier than the start of the latest entry on that clock
+                is raised to it, and a state never starts before the one it ends: a
                 deadline may start a little later than *at*, never earlier.
 
         Raises:
-            UnknownStateError: if *state* is not declared in the spec and
-                ``unknown_state="raise"``.
-            ValueError: if *at* is later than the clock's now (or NaN).
-            TypeError: if *at* is not a number.
+            UnknownStateError: if *state* is not declared in the spec (or is not
+                hashable) and ``unknown_state="raise"``.
+            ValueError: if *at* is later than the clock's now, NaN or infinite.
+            TypeError: if *at* is not a number, or *key* is not hashable.
         """
         try:
             slot = self._slots.get(state)
         except TypeError:  # unhashable
             slot = None
+        try:
+            rec = self._where.get(key)
+        except TypeError:
+            raise _unhashable(key) from None
         if slot is None:
             self._unknown_state(key, state)
             return
-        if self._where.get(key) is slot:  # same state again: nothing to do
+        if rec is not None and rec.slot is slot:  # same state again: nothing to do
             return
         now = self._clock()
         if at is not None:
             now = _check_at(at, now)
+        left: tuple[str, float] | None = None
+        woke = False
         with self._lock:
-            current = self._where.get(key)
-            if current is slot:
-                return
-            if current is None:
+            rec = self._where.get(key)
+            if rec is None:
                 if slot.terminal:
+                    if key not in self._gone:
+                        self._bury(key, _CONCLUDED)
                     return
                 if key in self._gone:
                     self._late += 1
                     return
-                if self._born is not None:
-                    born = now if at is None else _not_before_tail(self._born, now)
-                    self._born[key] = born
-                    self._lower_due(born + self._lifetime)  # type: ignore[operator]
+                rec = self._where[key] = _Rec(key, slot, now)
+                life = self._life
+                if life is not None:
+                    born = now
+                    if at is not None and life.q and life.q[-1][0] > now:
+                        born = life.q[-1][0]
+                    life.q.append((born, rec, 0))
+                    if len(life.q) > life.limit:
+                        life.compact()
+                    due = born + life.seconds
+                    if due < self._next_due:
+                        self._next_due = due
+                        woke = True
             else:
-                if at is not None:  # a state never starts before the one it ends
-                    entered = current.fifo.get(key)  # type: ignore[union-attr]
-                    if entered is None:
-                        entered = current.parked[key]
-                    if entered > now:
-                        now = entered
-                self._leave(key, current, now)
-                if slot.terminal:
-                    self._untrack(key, _CONCLUDED)
+                old = rec.slot
+                if old is slot:
                     return
-            self._where[key] = slot
-            fifo = slot.fifo
-            start = now if at is None else _not_before_tail(fifo, now)  # type: ignore[arg-type]
-            fifo[key] = start  # type: ignore[index]
-            if slot.seconds is not None:
-                due = start + slot.seconds
+                if at is not None and rec.since > now:
+                    now = rec.since  # a state never starts before the one it ends
+                old.count -= 1
+                if old.parked:
+                    old.parked.pop(rec, None)
+                if self._leave_listeners:
+                    left = (old.label, now - rec.since)
+                if slot.terminal:
+                    self._untrack(rec, _CONCLUDED)
+                    rec = None
+                else:
+                    rec.slot = slot
+            if rec is not None:
+                slot.count += 1
+                timer: _Clock = slot.timer  # type: ignore[assignment]
+                q = timer.q
+                start = now
+                if at is not None and q and q[-1][0] > now:
+                    start = q[-1][0]
+                gen = rec.gen + 1
+                rec.gen = gen
+                rec.since = start
+                q.append((start, rec, gen))
+                if len(q) > timer.limit:
+                    timer.compact()
+                due = start + timer.seconds
                 if due < self._next_due:
-                    self._lower_due(due)
-            stall_fifo = slot.stall_fifo
-            if stall_fifo is not None:
-                if at is not None:
-                    start = _not_before_tail(stall_fifo, now)
-                stall_fifo[key] = start
-                self._lower_due(start + slot.stall)  # type: ignore[operator]
+                    self._next_due = due
+                    woke = True
+                # a new state ends the old state's progress window
+                beat = rec.beat_gen + 1
+                rec.beat_gen = beat
+                stalls = slot.stalls
+                if stalls is not None:
+                    if at is not None:
+                        start = max(now, stalls.tail())
+                    rec.beat = start
+                    stalls.q.append((start, rec, beat))
+                    if len(stalls.q) > stalls.limit:
+                        stalls.compact()
+                    due = start + stalls.seconds
+                    if due < self._next_due:
+                        self._next_due = due
+                        woke = True
+        if left is not None:
+            self._notify_leave(left)
+        if woke and self._wake_listeners:
+            self._notify_wake()
 
     def heartbeat(self, key: K, *, at: float | None = None) -> bool:
         """Record progress for *key*: renews the progress (``stall``) window of its
@@ -349,33 +584,45 @@ class Watchdog(Generic[K]):
 
         Args:
             at: when the progress was made, on the watchdog's clock; default: now. As
-                for :meth:`observe`: never later than now, and raised to the latest
-                renewal's time if earlier (a window never starts before a later one).
+                for :meth:`observe`: finite, never later than now, and raised to the
+                latest renewal's time if earlier (a window never starts before a later
+                one).
 
         Returns:
             True if *key* is tracked, False if it is not (a late heartbeat is harmless).
 
         Raises:
-            ValueError: if *at* is later than the clock's now (or NaN).
-            TypeError: if *at* is not a number.
+            ValueError: if *at* is later than the clock's now, NaN or infinite.
+            TypeError: if *at* is not a number, or *key* is not hashable.
         """
         now = self._clock()
         if at is not None:
             now = _check_at(at, now)
+        woke = False
         with self._lock:
-            slot = self._where.get(key)
-            if slot is None:
+            try:
+                rec = self._where.get(key)
+            except TypeError:
+                raise _unhashable(key) from None
+            if rec is None:
                 return False
-            stall_fifo = slot.stall_fifo
-            if stall_fifo is not None:
-                previous = stall_fifo.pop(key, None)
+            stalls = rec.slot.stalls
+            if stalls is not None:
                 if at is not None:
-                    now = _not_before_tail(stall_fifo, now)
-                    if previous is not None and previous > now:
-                        now = previous  # never shorten the window already granted
-                stall_fifo[key] = now
-                self._lower_due(now + slot.stall)  # type: ignore[operator]
-            return True
+                    now = max(now, stalls.tail(), rec.beat)  # never shorten a window
+                beat = rec.beat_gen + 1
+                rec.beat_gen = beat
+                rec.beat = now
+                stalls.q.append((now, rec, beat))
+                if len(stalls.q) > stalls.limit:
+                    stalls.compact()
+                due = now + stalls.seconds
+                if due < self._next_due:
+                    self._next_due = due
+                    woke = True
+        if woke and self._wake_listeners:
+            self._notify_wake()
+        return True
 
     def forget(self, key: K, *, remember: bool = True) -> bool:
         """Stop tracking *key* (the abort path). Idempotent.
@@ -386,20 +633,34 @@ class Watchdog(Generic[K]):
 
         Returns:
             True if *key* was tracked.
+
+        Raises:
+            TypeError: if *key* is not hashable.
         """
+        left: tuple[str, float] | None = None
         with self._lock:
-            slot = self._where.get(key)
-            if slot is None:
+            try:
+                rec = self._where.get(key)
+            except TypeError:
+                raise _unhashable(key) from None
+            if rec is None:
                 if not remember:
                     self._gone.pop(key, None)
                 elif key not in self._gone:
                     self._bury(key, _CONCLUDED)
                 return False
-            self._leave(key, slot, self._clock())
-            self._untrack(key, _CONCLUDED)
+            slot = rec.slot
+            slot.count -= 1
+            if slot.parked:
+                slot.parked.pop(rec, None)
+            if self._leave_listeners:
+                left = (slot.label, self._clock() - rec.since)
+            self._untrack(rec, _CONCLUDED)
             if not remember:
                 self._gone.pop(key, None)
-            return True
+        if left is not None:
+            self._notify_leave(left)
+        return True
 
     def annotate(
         self,
@@ -417,19 +678,37 @@ class Watchdog(Generic[K]):
         Returns:
             True if *key* is tracked; annotations on untracked keys are dropped (they
             would otherwise leak).
+
+        Raises:
+            TypeError: if *attributes* is not a mapping with string keys, *trace_links*
+                is not iterable, or *key* is not hashable.
         """
+        if attributes is not None:
+            if not isinstance(attributes, Mapping):
+                raise TypeError(f"attributes must be a mapping, got {attributes!r}")
+            for name in attributes:
+                if not isinstance(name, str):
+                    raise TypeError(f"attribute names must be strings, got {name!r}")
+        if trace_links is not None:
+            if isinstance(trace_links, (str, bytes)) or not isinstance(trace_links, Iterable):
+                raise TypeError(f"trace_links must be an iterable, got {trace_links!r}")
+            trace_links = tuple(trace_links)
         with self._lock:
-            if key not in self._where:
+            try:
+                rec = self._where.get(key)
+            except TypeError:
+                raise _unhashable(key) from None
+            if rec is None:
                 return False
-            note = self._notes.get(key)
+            note = rec.note
             if note is None:
-                note = self._notes[key] = _Note()
+                note = rec.note = _Note()
             if attributes:
                 note.attributes.update(attributes)
             if trace_parent is not None:
                 note.parent = trace_parent
             if trace_links is not None:
-                note.links = tuple(trace_links)
+                note.links = trace_links  # type: ignore[assignment]
             return True
 
     # ------------------------------------------------------------------ deadlines
@@ -438,24 +717,49 @@ class Watchdog(Generic[K]):
         """Expire every request that is overdue at *now* (default: the clock's now).
 
         In ``"enforce"`` mode each overdue request is untracked, remembered as expired,
-        and handed to ``on_expire`` and to the instrumentation hooks, exactly once. In
-        ``"report"`` mode it stays tracked and is handed to the instrumentation hooks
-        once per deadline. A hook that raises is logged and counted; it never stops the
-        check or loses another expiry.
+        and handed to ``on_expire``, to the listeners and to the instrumentation hooks,
+        exactly once. In ``"report"`` mode it stays tracked and is handed to the
+        listeners and the instrumentation hooks once per deadline. A hook that raises an
+        ``Exception`` is logged and counted; it never stops the check or loses another
+        expiry. A hook that raises a ``BaseException`` (``KeyboardInterrupt``,
+        ``SystemExit``) propagates it, and the expiries (and hooks) it interrupted are
+        delivered, and returned, by the next ``check()``: none is lost.
 
         Cheap when nothing is due: one clock read and one comparison.
 
         Returns:
-            The expiries, earliest deadline first.
+            The expiries, earliest deadline first (any carried over from an interrupted
+            check come first).
+
+        Raises:
+            ValueError: if *now* is NaN or infinite.
+            TypeError: if *now* is not a number.
         """
-        if now is None:
-            now = self._clock()
+        now = self._clock() if now is None else _check_time("now", now)
         if now < self._next_due:
             return []
         with self._lock:
-            expiries = self._collect(now)
+            carried = self._carry
+            if carried:
+                self._carry = []
+            expiries, left = self._collect(now)
+        work: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]] = carried
         if expiries:
-            self._dispatch(expiries)
+            hooks = self._expire_listeners + _registry.active_hooks()
+            if self._mode == "enforce":
+                hooks = self._enforce_hooks + hooks
+            work = (
+                [*carried, *((e, hooks) for e in expiries)]
+                if carried
+                else [(e, hooks) for e in expiries]
+            )
+        if work:
+            self._dispatch(work)
+        if left:
+            for item in left:
+                self._notify_leave(item)
+        if carried:
+            return [e for e, _ in work]
         return expiries
 
     def next_deadline(self) -> float | None:
@@ -463,7 +767,7 @@ class Watchdog(Generic[K]):
         becomes overdue, or None if no deadline is pending."""
         with self._lock:
             due = self._exact_due()
-            self._next_due = due
+            self._next_due = due if not self._carry else -_INF
         return None if due == _INF else due
 
     def expired(self, key: K) -> bool:
@@ -472,15 +776,11 @@ class Watchdog(Generic[K]):
 
     def state_of(self, key: K) -> State | None:
         """The state *key* is tracked in, or None if it is not tracked."""
-        slot = self._where.get(key)
-        return None if slot is None else slot.state
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The clock the watchdog reads (the ``clock`` argument)."""
-        return self._clock
+        rec = self._where.get(key)
+        return None if rec is None else rec.slot.state
 
     def __len__(self) -> int:
+        """How many requests are tracked (every request in a non-terminal state)."""
         return len(self._where)
 
     def __contains__(self, key: object) -> bool:
@@ -488,7 +788,7 @@ class Watchdog(Generic[K]):
 
     def __repr__(self) -> str:
         return (
-            f"<stallguard.Watchdog spec={self.spec.name!r} mode={self.mode!r} "
+            f"<stallguard.Watchdog spec={self._spec.name!r} mode={self._mode!r} "
             f"tracked={len(self._where)}>"
         )
 
@@ -517,6 +817,9 @@ class Watchdog(Generic[K]):
                 (SGLang's ``KVPoll`` returns plain ints). Default: the value itself.
             check: run the deadline check on every call.
 
+        The wrapped poll raises :class:`~stallguard.UnknownStateError` for a value that
+        maps to no declared state (also an unhashable one).
+
         Example::
 
             @watchdog.guard(key=lambda self: self.room, failed=KVPoll.Failed,
@@ -529,19 +832,30 @@ class Watchdog(Generic[K]):
         if isinstance(state, Mapping):
             mapping = dict(state)
             for value in mapping.values():
-                if value not in self._slots:
+                try:
+                    known = value in self._slots
+                except TypeError:
+                    known = False
+                if not known:
                     raise ConfigError(
                         f"guard(state=...) maps to {value!r}, which spec "
-                        f"{self.spec.name!r} does not declare"
+                        f"{self._spec.name!r} does not declare"
                     )
-            to_state: Callable[[Any], State] | None = mapping.__getitem__
+            lookup = mapping.__getitem__
+
+            def to_state(value: Any) -> State:
+                try:
+                    return lookup(value)
+                except TypeError:  # an unhashable poll value maps to nothing
+                    raise KeyError(value) from None
+
         elif state is None or callable(state):
-            to_state = state
+            to_state = state  # type: ignore[assignment]
         else:
             raise ConfigError(f"guard(state=...) must be a mapping or a callable, got {state!r}")
         where = self._where
         slots = self._slots
-        spec_name = self.spec.name
+        spec_name = self._spec.name
         known_values = (
             tuple(f"{v!r} -> {state_label(st)}" for v, st in mapping.items())
             if isinstance(state, Mapping)
@@ -572,13 +886,28 @@ class Watchdog(Generic[K]):
                         s = to_state(result)
                     except KeyError:
                         raise UnknownStateError(spec_name, k, result, known_values) from None
-                slot = slots.get(s)
-                if slot is None or where.get(k) is not slot:
-                    observe(k, s)
-                if check:
+                try:
+                    slot = slots.get(s)
+                except TypeError:
+                    raise UnknownStateError(spec_name, k, result, known_values) from None
+                try:
+                    rec = where.get(k)
+                except TypeError:
+                    raise _unhashable(k) from None
+                if rec is not None and rec.slot is slot:
+                    # tracked in this state already: not failed (unless this check does)
+                    if not check:
+                        return result
                     now = clock()
-                    if now >= self._next_due:
-                        self.check(now)
+                    if now < self._next_due:
+                        return result
+                    self.check(now)
+                else:
+                    observe(k, s)
+                    if check:
+                        now = clock()
+                        if now >= self._next_due:
+                            self.check(now)
                 if gone.get(k) is _EXPIRED:
                     return failed
                 return result
@@ -592,9 +921,8 @@ class Watchdog(Generic[K]):
     def snapshot(self, *, requests: bool = True, now: float | None = None) -> Snapshot[K]:
         """A consistent view: per-state counts and oldest age, and (with *requests*)
         every tracked request with its state and time in state. O(tracked) with
-        *requests*, O(states) without."""
-        if now is None:
-            now = self._clock()
+        *requests*, O(states) without (amortised)."""
+        now = self._clock() if now is None else _check_time("now", now)
         with self._lock:
             states: dict[str, StateSummary] = {}
             for slot in self._live:
@@ -602,29 +930,26 @@ class Watchdog(Generic[K]):
                 states[slot.label] = StateSummary(
                     state=slot.state,
                     deadline=slot.deadline,
-                    count=len(slot.fifo) + len(slot.parked),  # type: ignore[arg-type]
+                    count=slot.count,
                     oldest_age=None if oldest is None else now - oldest,
                 )
             tracked: list[TrackedRequest[K]] = []
             if requests:
-                for slot in self._live:
-                    for source in (slot.parked, slot.fifo):
-                        for key, entered in source.items():  # type: ignore[union-attr]
-                            tracked.append(
-                                TrackedRequest(
-                                    key=key,
-                                    state=slot.state,
-                                    entered_at=entered,
-                                    age=now - entered,
-                                    remaining=None
-                                    if slot.seconds is None
-                                    else entered + slot.seconds - now,
-                                )
-                            )
+                for key, rec in self._where.items():
+                    seconds = rec.slot.seconds
+                    tracked.append(
+                        TrackedRequest(
+                            key=key,
+                            state=rec.slot.state,
+                            entered_at=rec.since,
+                            age=now - rec.since,
+                            remaining=None if seconds is None else rec.since + seconds - now,
+                        )
+                    )
                 tracked.sort(key=lambda r: r.entered_at)
             return Snapshot(
-                spec=self.spec.name,
-                mode=self.mode,
+                spec=self._spec.name,
+                mode=self._mode,
                 at=now,
                 states=states,
                 requests=tuple(tracked),
@@ -636,11 +961,34 @@ class Watchdog(Generic[K]):
 
     # ------------------------------------------------------------------ internals
 
+    def _remembered(self) -> int:
+        """How many concluded keys are remembered (for tests of the memory bound)."""
+        return len(self._gone)
+
+    def _footprint(self) -> dict[str, int]:
+        """Sizes of every internal structure (tests: nothing is left behind)."""
+        with self._lock:
+            sizes = {"tracked": len(self._where), "remembered": len(self._gone)}
+            for slot in self._live:
+                for clock in (slot.timer, slot.stalls):
+                    if clock is not None:
+                        sizes[f"{slot.label}.{clock.reason}"] = sum(
+                            1 for e in clock.q if clock.stamp(e[1]) == e[2]
+                        )
+                sizes[f"{slot.label}.parked"] = len(slot.parked)
+            if self._life is not None:
+                sizes["lifetime"] = sum(1 for e in self._life.q if e[1].life == e[2])
+            sizes["carried"] = len(self._carry)
+            queues = [s.timer for s in self._live] + [s.stalls for s in self._live]
+            queues.append(self._life)
+            #: every FIFO entry, stale ones included
+            sizes["entries"] = sum(len(c.q) for c in queues if c is not None)
+            return sizes
+
     @staticmethod
     def _oldest(slot: _Slot) -> float | None:
-        oldest = None
-        if slot.fifo:
-            oldest = slot.fifo[next(iter(slot.fifo))]
+        head = slot.timer.head()  # type: ignore[union-attr]
+        oldest = None if head is None else head[0]
         if slot.parked:
             parked = min(slot.parked.values())
             oldest = parked if oldest is None else min(oldest, parked)
@@ -649,47 +997,18 @@ class Watchdog(Generic[K]):
     def _unknown_state(self, key: K, state: object) -> None:
         if self._raise_unknown:
             raise UnknownStateError(
-                self.spec.name, key, state, tuple(s.label for s in self._slots.values())
+                self._spec.name, key, state, tuple(s.label for s in self._slots.values())
             )
         with self._lock:
             self._unknown += 1
 
-    def _lower_due(self, due: float) -> None:
-        if due < self._next_due:
-            self._next_due = due
-            waker = self.on_earlier_deadline
-            if waker is not None:
-                waker()
-
-    def _leave(self, key: K, slot: _Slot, now: float) -> None:
-        """Remove *key* from *slot*'s FIFOs (lock held)."""
-        entered = slot.fifo.pop(key, _MISSING)  # type: ignore[union-attr]
-        if entered is _MISSING:
-            entered = slot.parked.pop(key)
-        if slot.stall_fifo is not None:
-            slot.stall_fifo.pop(key, None)
-        if self.on_leave is not None:
-            self._left(slot, now - entered)
-
-    def _left(self, slot: _Slot, seconds: float) -> None:
-        """Call the on_leave hook, if set (lock held)."""
-        on_leave = self.on_leave
-        if on_leave is not None:
-            try:
-                on_leave(slot.label, seconds)
-            except Exception:
-                self._hook_errors += 1
-                log.exception("stallguard: on_leave hook failed")
-
-    def _untrack(self, key: K, how: bool) -> None:
-        """Drop every trace of a tracked *key* but its tombstone (lock held; the key
-        has already left its slot)."""
-        del self._where[key]
-        if self._born is not None:
-            self._born.pop(key, None)
-        if self._notes:
-            self._notes.pop(key, None)
-        self._bury(key, how)
+    def _untrack(self, rec: _Rec, how: bool) -> None:
+        """Drop every trace of *rec* but its key's tombstone (lock held; the record has
+        already left its slot's count). Its FIFO entries go stale."""
+        rec.gen = rec.beat_gen = rec.life = _DEAD
+        rec.note = None
+        del self._where[rec.key]
+        self._bury(rec.key, how)
 
     def _bury(self, key: K, how: bool) -> None:
         gone = self._gone
@@ -699,133 +1018,125 @@ class Watchdog(Generic[K]):
 
     def _exact_due(self) -> float:
         due = _INF
-        for fifo, seconds, _reason in self._clocks:
-            if fifo:
-                head = fifo[next(iter(fifo))] + seconds
-                if head < due:
-                    due = head
+        for clock in self._clocks:
+            head = clock.head()
+            if head is not None:
+                at = head[0] + clock.seconds
+                if at < due:
+                    due = at
         return due
 
-    def _collect(self, now: float) -> list[Expiry[K]]:
-        """Find and retire everything due at *now* (lock held)."""
-        expiries: list[Expiry[K]] = []
-        append = expiries.append
-        where = self._where
-        notes = self._notes
-        spec = self.spec.name
-        mode = self.mode
-        enforce = mode == "enforce"
-        born = self._born
-        gone = self._gone
-        memory = self._memory
-        due, left = self._due(now, enforce)
-        for _due, key, reason, since, deadline in due:
-            slot = where[key]
-            note = notes.get(key) if notes else None
-            expiry = _new_expiry(Expiry)  # see _EXPIRY_FIELDS
-            _set_key(expiry, key)
-            _set_spec(expiry, spec)
-            _set_state(expiry, slot.state)
-            _set_entered_at(expiry, since)
-            _set_elapsed(expiry, now - since)
-            _set_deadline(expiry, deadline)
-            _set_reason(expiry, reason)
-            _set_mode(expiry, mode)
-            if note is None:
-                _set_attributes(expiry, {})
-                _set_trace_parent(expiry, None)
-                _set_trace_links(expiry, ())
-            else:
-                _set_attributes(expiry, dict(note.attributes))
-                _set_trace_parent(expiry, note.parent)
-                _set_trace_links(expiry, note.links)
-            append(expiry)
-            if enforce:
-                # _leave() and _untrack(), inlined: the calls were ~15% of an expiry
-                entered = slot.fifo.pop(key, _MISSING)  # type: ignore[union-attr]
-                if entered is _MISSING:
-                    entered = slot.parked.pop(key)
-                if slot.stall_fifo is not None:
-                    slot.stall_fifo.pop(key, None)
-                if self.on_leave is not None:
-                    self._left(slot, now - entered)
-                del where[key]
-                if born is not None:
-                    born.pop(key, None)
-                if notes:
-                    notes.pop(key, None)
-                gone[key] = _EXPIRED
-                if len(gone) > memory:
-                    gone.popitem(last=False)
-            elif reason == "state":
-                slot.parked[key] = slot.fifo.pop(key)  # type: ignore[union-attr]
-            elif reason == "stall":
-                slot.stall_fifo.pop(key)  # type: ignore[union-attr]
-            else:
-                self._born.pop(key)  # type: ignore[union-attr]
-        self._expired += len(expiries)
-        self._next_due = self._exact_due() if left is None else left
-        return expiries
-
-    def _due(
-        self, now: float, enforce: bool
-    ) -> tuple[list[tuple[float, K, Any, float, float]], float | None]:
-        """What is due at *now*, as ``(due, key, reason, since, deadline)`` tuples,
-        earliest due first (lock held). Enforce: one per key, its earliest deadline (the
-        key is then gone). Report: every overdue (key, deadline) pair, each once.
-
-        Also returns the earliest due time left once those are retired, when it comes
-        for free (None: ask _exact_due)."""
-        if not self._stalled and self._born is None:
-            # State deadlines only: a key sits in one FIFO, so it cannot be due twice
-            # and there is nothing to merge. Retiring the due keys empties each FIFO up
-            # to its first entry that is not due, whose due time is then the FIFO's next.
-            due: list[tuple[float, K, Any, float, float]] = []
-            add = due.append
-            left = _INF
-            for slot in self._timed:
-                fifo = slot.fifo
-                if not fifo:
+    def _collect(self, now: float) -> tuple[list[Expiry[K]], list[tuple[str, float]]]:
+        """Find and retire everything due at *now* (lock held). Enforce: one expiry per
+        request, for its earliest overdue deadline. Report: every overdue (request,
+        deadline) pair, each once."""
+        found: list[tuple[float, _Rec, _Clock, float]] = []
+        add = found.append
+        for clock in self._clocks:
+            q = clock.q
+            stamp = clock.stamp
+            seconds = clock.seconds
+            while q:
+                start, rec, mark = q[0]
+                if stamp(rec) != mark:
+                    q.popleft()  # stale: the request left this state or window
                     continue
-                seconds: float = slot.seconds  # type: ignore[assignment]
-                for key, entered in fifo.items():
-                    at = entered + seconds
-                    if at > now:
-                        if at < left:
-                            left = at
-                        break
-                    add((at, key, "state", entered, seconds))
-            if len(due) > 1:
-                due.sort(key=_by_due)  # stable: FIFO order among equal due times
-            return due, left
-
-        # Several clocks: (key or (key, reason)) -> (due, key, reason, since, deadline)
-        found: dict[Any, tuple[float, K, Any, float, float]] = {}
-        for fifo, seconds, reason in self._clocks:
-            for key, since in fifo.items():
-                at = since + seconds
-                if at > now:
+                due = start + seconds
+                if due > now:
                     break
-                slot_key = key if enforce else (key, reason)
-                prior = found.get(slot_key)
-                if prior is None or at < prior[0]:
-                    found[slot_key] = (at, key, reason, since, seconds)
-        return sorted(found.values(), key=_by_due), None
+                q.popleft()
+                add((due, rec, clock, start))
+        expiries: list[Expiry[K]] = []
+        left: list[tuple[str, float]] = []
+        if found:
+            if len(found) > 1:
+                found.sort(key=_by_due)  # stable: clock order among equal due times
+            enforce = self._mode == "enforce"
+            listening = bool(self._leave_listeners)
+            spec = self._spec.name
+            mode = self._mode
+            append = expiries.append
+            for _due, rec, clock, start in found:
+                if rec.gen == _DEAD:  # enforce: already expired by an earlier deadline
+                    continue
+                slot = rec.slot
+                expiry = _new_expiry(Expiry)  # see _EXPIRY_FIELDS
+                _set_key(expiry, rec.key)
+                _set_spec(expiry, spec)
+                _set_state(expiry, slot.state)
+                _set_entered_at(expiry, start)
+                _set_elapsed(expiry, now - start)
+                _set_deadline(expiry, clock.seconds)
+                _set_reason(expiry, clock.reason)
+                _set_mode(expiry, mode)
+                note = rec.note
+                if note is None:
+                    _set_attributes(expiry, {})
+                    _set_trace_parent(expiry, None)
+                    _set_trace_links(expiry, ())
+                else:
+                    _set_attributes(expiry, dict(note.attributes))
+                    _set_trace_parent(expiry, note.parent)
+                    _set_trace_links(expiry, note.links)
+                append(expiry)
+                if enforce:
+                    slot.count -= 1
+                    if slot.parked:
+                        slot.parked.pop(rec, None)
+                    if listening:
+                        left.append((slot.label, now - rec.since))
+                    self._untrack(rec, _EXPIRED)
+                elif clock is slot.timer:
+                    slot.parked[rec] = start
+        self._expired += len(expiries)
+        self._next_due = self._exact_due()
+        return expiries, left
 
-    def _dispatch(self, expiries: list[Expiry[K]]) -> None:
-        hooks: tuple[Callable[[Expiry[K]], object], ...] = _instrumentation._active_hooks()
-        if self.mode == "enforce":
-            hooks = self._enforce_hooks + hooks
-        for expiry in expiries:
-            for hook in hooks:
-                try:
-                    hook(expiry)
-                except Exception:
-                    with self._lock:
-                        self._hook_errors += 1
-                    log.exception(
-                        "stallguard: expiry hook %r failed for key %r (spec %s)",
-                        hook,
-                        expiry.key,
-                        expiry.spec,
-                    )
+    def _dispatch(
+        self, work: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]]
+    ) -> None:
+        """Hand each expiry to its hooks, outside the lock. An ``Exception`` is logged
+        and counted; a ``BaseException`` propagates after what it interrupted is set
+        aside for the next check()."""
+        i = j = 0
+        try:
+            for i, (expiry, hooks) in enumerate(work):  # noqa: B007 (read in except)
+                for j, hook in enumerate(hooks):  # noqa: B007
+                    try:
+                        hook(expiry)
+                    except Exception:
+                        self._hook_failed(hook, expiry)
+        except BaseException:
+            expiry, hooks = work[i]
+            rest = [(expiry, hooks[j + 1 :]), *work[i + 1 :]]
+            with self._lock:
+                self._carry[:0] = rest
+                self._next_due = -_INF  # the next check() delivers them
+            raise
+
+    def _hook_failed(self, hook: object, expiry: Expiry[K] | None) -> None:
+        with self._lock:
+            self._hook_errors += 1
+        if expiry is None:
+            log.exception("stallguard: listener %r failed (spec %s)", hook, self._spec.name)
+        else:
+            log.exception(
+                "stallguard: expiry hook %r failed for key %r (spec %s)",
+                hook,
+                expiry.key,
+                expiry.spec,
+            )
+
+    def _notify_leave(self, left: tuple[str, float]) -> None:
+        for listener in self._leave_listeners:
+            try:
+                listener(*left)
+            except Exception:
+                self._hook_failed(listener, None)
+
+    def _notify_wake(self) -> None:
+        for listener in self._wake_listeners:
+            try:
+                listener()
+            except Exception:
+                self._hook_failed(listener, None)

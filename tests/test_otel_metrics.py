@@ -6,7 +6,6 @@ its own (the gauges read every live watchdog of the process), and moves a FakeCl
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 
 import pytest
@@ -182,7 +181,7 @@ def test_gauges_sum_counts_and_max_ages_over_a_specs_watchdogs(reader):
 def test_live_and_future_watchdogs_get_the_recorder():
     clock = FakeClock()
     before = sg.Watchdog(spec("m_live"), clock=clock)
-    assert before.on_leave is None  # metrics are off by default
+    assert not before.listeners  # metrics are off by default
     reader = InMemoryMetricReader()
     si.set_on_expire_hooks([])
     si.enable_metrics(MeterProvider(metric_readers=[reader]))
@@ -196,22 +195,21 @@ def test_live_and_future_watchdogs_get_the_recorder():
     assert (point.count, point.sum) == (2, 6)
 
 
-def test_someone_elses_on_leave_is_left_alone(caplog):
+def test_someone_elses_on_leave_listens_beside_the_metrics():
     clock = FakeClock()
     watchdog = sg.Watchdog(spec("m_foreign"), clock=clock)
     left = []
-    watchdog.on_leave = lambda state, seconds: left.append((state, seconds))
+    theirs = watchdog.add_listener(on_leave=lambda state, seconds: left.append((state, seconds)))
     reader = InMemoryMetricReader()
-    with caplog.at_level(logging.WARNING, logger="stallguard"):
-        si.enable_metrics(MeterProvider(metric_readers=[reader]))
-    assert any("on_leave slot is taken" in r.getMessage() for r in caplog.records)
+    si.enable_metrics(MeterProvider(metric_readers=[reader]))
     watchdog.observe("a", "Bootstrapping")
     clock.advance(4)
     watchdog.observe("a", "Success")
     assert left == [("Bootstrapping", 4)]
-    assert points(reader, si.METRIC_STATE_DURATION, "m_foreign") == {}
+    (point,) = points(reader, si.METRIC_STATE_DURATION, "m_foreign").values()
+    assert (point.count, point.sum) == (1, 4)
     si.disable_metrics()
-    assert watchdog.on_leave is not None  # still theirs
+    assert watchdog.listeners == (theirs,)  # still theirs
 
 
 def test_disable_metrics(reader):
@@ -221,11 +219,11 @@ def test_disable_metrics(reader):
     watchdog.observe("b", "Bootstrapping")
     clock.advance(300)
     watchdog.check()
-    assert watchdog.on_leave is not None
+    assert watchdog.listeners
     si.disable_metrics()
     si.disable_metrics()  # idempotent
-    assert watchdog.on_leave is None
-    assert sg.Watchdog(spec("m_off"), clock=clock).on_leave is None
+    assert not watchdog.listeners
+    assert not sg.Watchdog(spec("m_off"), clock=clock).listeners
     watchdog.observe("c", "Bootstrapping")
     clock.advance(300)
     watchdog.check()
@@ -282,7 +280,7 @@ def test_without_state_durations_on_leave_stays_free():
     si.enable_metrics(MeterProvider(metric_readers=[reader]), state_durations=False)
     clock = FakeClock()
     watchdog = sg.Watchdog(spec("m_nodur"), clock=clock)
-    assert watchdog.on_leave is None
+    assert not watchdog.listeners
     watchdog.observe("a", "Bootstrapping")
     clock.advance(300)
     watchdog.check()
@@ -305,4 +303,4 @@ def test_without_state_durations_on_leave_stays_free():
 def test_enable_metrics_rejects_bad_arguments(kwargs, message):
     with pytest.raises(sg.ConfigError, match=message):
         si.enable_metrics(**kwargs)
-    assert sg.Watchdog(spec("m_bad"), clock=FakeClock()).on_leave is None  # nothing enabled
+    assert not sg.Watchdog(spec("m_bad"), clock=FakeClock()).listeners  # nothing enabled

@@ -158,7 +158,7 @@ async def test_the_default_wait_is_woken_by_an_earlier_deadline() -> None:
                 await next_round.wait()
         assert rounds == [300.0, 120.0]
         tg.cancel_scope.cancel()
-    assert wd.on_earlier_deadline is None
+    assert not wd.listeners
 
 
 @pytest.mark.anyio
@@ -169,10 +169,10 @@ async def test_cancellation_stops_cleanly_and_releases_the_watchdog() -> None:
     wd.observe("r1", "Bootstrapping")
     async with anyio.create_task_group() as tg:
         await tg.start(partial(sg.run_watchdog, wd, wait=wait))
-        assert wd.on_earlier_deadline is not None
+        assert wd.listeners
         await wait.until(1)
         tg.cancel_scope.cancel()
-    assert wd.on_earlier_deadline is None
+    assert not wd.listeners
     wd.observe("r2", "Transferring")  # no runner to wake: must not fail
     # and a new runner can take over
     wait2 = ScriptedWait(clock, advance=True)
@@ -194,16 +194,28 @@ async def test_watching_runs_the_watchdog_for_the_block() -> None:
         wd.observe("r1", "Transferring")
         await wait.until(3)
         assert wd.expired("r1")
-    assert wd.on_earlier_deadline is None
+    assert not wd.listeners
 
 
 @pytest.mark.anyio
-async def test_one_runner_per_watchdog() -> None:
-    wd = sg.Watchdog(SPEC, clock=FakeClock())
-    wait = ScriptedWait(FakeClock(), advance=False)
-    async with sg.watching(wd, wait=wait):
-        with pytest.raises(sg.StallguardError, match="already has a wake-up callback"):
-            await sg.run_watchdog(wd)
+async def test_two_runners_share_a_watchdog_and_expire_once() -> None:
+    """Runners are listeners: a second one does not take the first one's slot, and
+    each request still expires exactly once."""
+    clock = FakeClock()
+    wd = sg.Watchdog(SPEC, clock=clock)
+    seen: list[object] = []
+    wd.add_listener(on_expire=lambda e: seen.append(e.key))
+    wd.observe("r1", "Transferring")
+    async with sg.watching(wd, wait=ScriptedWait(clock, advance=False)):
+        assert len(wd.listeners) == 2
+        async with sg.watching(wd, wait=ScriptedWait(clock, advance=False)):
+            assert len(wd.listeners) == 3
+            clock.advance(120)
+            wd.check()
+            wd.check()
+        assert len(wd.listeners) == 2
+    assert len(wd.listeners) == 1
+    assert seen == ["r1"]
     with pytest.raises(sg.ConfigError, match="watchdog must be a stallguard.Watchdog"):
         await sg.run_watchdog(SPEC)  # type: ignore[arg-type]
 
@@ -222,7 +234,7 @@ async def test_a_raising_check_ends_the_runner_with_the_error() -> None:
         async with sg.watching(wd, wait=ScriptedWait(clock, advance=True)):
             await anyio.sleep_forever()
     assert caught.group_contains(RuntimeError, match="bug in check")
-    assert wd.on_earlier_deadline is None
+    assert not wd.listeners
 
 
 # --------------------------------------------------------------------------- thread
@@ -264,7 +276,7 @@ def test_thread_expires_in_order_and_stops_cleanly() -> None:
         assert [wait.next(), wait.next(), wait.next()] == [120.0, 180.0, None]
         assert runner.is_alive()
     assert not runner.is_alive()
-    assert wd.on_earlier_deadline is None
+    assert not wd.listeners
     assert failed == [("fast", 120.0, "sg-test"), ("slow", 300.0, "sg-test")]
     runner.stop()  # idempotent
 
@@ -286,17 +298,18 @@ def test_thread_is_woken_early_by_any_thread() -> None:
         assert wait.calls.empty()
     finally:
         runner.stop(timeout=SAFETY)
-    assert not runner.is_alive() and wd.on_earlier_deadline is None
+    assert not runner.is_alive() and not wd.listeners
     # stopping woke it once more; it did not check anything in between that could expire
     assert wd.check() == [] and len(wd) == 3
 
 
-def test_thread_one_runner_per_watchdog_and_one_start() -> None:
+def test_thread_runners_share_a_watchdog_and_one_start() -> None:
     clock = FakeClock()
     wd = sg.Watchdog(SPEC, clock=clock)
     with sg.WatchdogThread(wd, wait=ThreadScriptedWait(clock, advance=False)) as runner:
-        with pytest.raises(sg.StallguardError, match="already has a wake-up callback"):
-            sg.WatchdogThread(wd).start()
+        with sg.WatchdogThread(wd, wait=ThreadScriptedWait(clock, advance=False)):
+            assert len(wd.listeners) == 2  # a second runner listens beside the first
+        assert len(wd.listeners) == 1
         with pytest.raises(RuntimeError, match="already started"):
             runner.start()
     with pytest.raises(sg.ConfigError, match="wait must be a callable"):

@@ -423,7 +423,7 @@ def test_annotate_reaches_expiry(wd, clock):
     [e] = wd.check()
     assert e.attributes == {"sglang.rid": "abc", "n": 2}
     assert (e.trace_parent, e.trace_links) == ("ctx", ("l1",))
-    assert wd._notes == {}
+    assert wd._footprint()["tracked"] == 0
 
 
 def test_describe_names_state_time_and_deadline(wd, clock):
@@ -438,7 +438,7 @@ def test_on_leave_sees_time_in_state(clock):
     set_on_expire_hooks([])
     wd = sg.Watchdog(KV, clock=clock)
     left = []
-    wd.on_leave = lambda label, s: left.append((label, s))
+    wd.add_listener(on_leave=lambda label, s: left.append((label, s)))
     wd.observe("r", "Bootstrapping")
     clock.advance(2)
     wd.observe("r", "Transferring")
@@ -453,7 +453,7 @@ def test_on_leave_sees_time_in_state(clock):
 def test_on_earlier_deadline_fires_only_for_earlier(clock):
     wd = sg.Watchdog(KV, clock=clock)
     wakes = []
-    wd.on_earlier_deadline = lambda: wakes.append(wd._next_due)
+    wd.add_listener(on_earlier_deadline=lambda: wakes.append(wd.next_deadline()))
     wd.observe("a", "Bootstrapping")
     wd.observe("b", "Bootstrapping")
     wd.observe("c", "Transferring")
@@ -520,7 +520,7 @@ class TestAt:
         set_on_expire_hooks([])
         wd = sg.Watchdog(KV, clock=clock)
         left = []
-        wd.on_leave = lambda label, s: left.append((label, s))
+        wd.add_listener(on_leave=lambda label, s: left.append((label, s)))
         clock.advance(10)
         wd.observe("r", "WaitingForInput")  # 1010
         wd.observe("r", "Transferring", at=1002.0)  # an event from before: starts at 1010
@@ -553,7 +553,9 @@ class TestAt:
         ("at", "error", "needle"),
         [
             (1000.5, ValueError, r"at=1000\.5 is later than the watchdog clock's now \(1000\.0\)"),
-            (float("nan"), ValueError, "at=nan is later"),
+            (float("nan"), ValueError, "at must be a finite time on the watchdog's clock, got nan"),
+            (float("-inf"), ValueError, "at must be a finite time .* got -inf"),
+            (10**400, ValueError, "at must be a finite time"),
             ("1000", TypeError, "at must be a time in seconds on the watchdog's clock, got '1000'"),
             (True, TypeError, "got True"),
         ],

@@ -23,12 +23,6 @@ from ._hooks import (
     live_watchdogs,
     set_on_expire_hooks,
 )
-from ._hooks import (
-    _active_hooks as _active_hooks,
-)
-from ._hooks import (
-    _register_watchdog as _register_watchdog,
-)
 from ._logging import LoggingOnExpireHook
 from ._metrics import (
     DEFAULT_STATE_DURATION_BUCKETS,

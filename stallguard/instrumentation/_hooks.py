@@ -1,26 +1,25 @@
 """The instrumentation hook registry: process-wide, like stamina's.
 
-Three pieces of process-wide state live here, each behind one lock:
+Two pieces of process-wide state live here, behind the registry's lock
+(``stallguard._registry``, which watchdogs read without importing this package):
 
-* the configured expiry hooks (``None`` = the defaults) and their resolved form, cached
-  so that a watchdog's ``check()`` reads one module global per expiry batch;
+* the configured expiry hooks (``None`` = the defaults) and their resolved form; the
+  registry caches what watchdogs call, so ``check()`` reads one module global per
+  expiry batch;
 * the metrics expiry hook, kept apart from the configured hooks so that
   :func:`set_on_expire_hooks` and :func:`~stallguard.instrumentation.enable_metrics`
-  do not undo each other;
-* a weak set of live watchdogs (for observable gauges and for installing the state
-  duration recorder on watchdogs that already exist).
+  do not undo each other.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 import attrs
 
+from .. import _registry
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -85,19 +84,14 @@ class ExpiryHookFactory:
 #: What :func:`set_on_expire_hooks` accepts.
 HookSpec = Union[ExpiryHook, ExpiryHookFactory]
 
-_lock = threading.Lock()
+_lock = _registry.lock
 # The hooks set with set_on_expire_hooks(); None means the defaults. (Read by
 # stallguard.testing.record_expiries to restore them.)
 _configured: tuple[HookSpec, ...] | None = None
 # _configured with factories resolved; None until the first expiry after a change.
 _resolved: tuple[ExpiryHook, ...] | None = None
-# _resolved plus the metrics hook: what watchdogs actually call.
-_active: tuple[ExpiryHook, ...] | None = None
 # The expiry counter installed by enable_metrics(), or None.
 _metrics_hook: ExpiryHook | None = None
-# Called with each new watchdog (enable_metrics() uses it to install on_leave).
-_on_register: Callable[[Watchdog[Any]], None] | None = None
-_watchdogs: weakref.WeakSet[Watchdog[Any]] = weakref.WeakSet()
 
 
 def _default_hooks() -> tuple[HookSpec, ...]:
@@ -134,7 +128,7 @@ def set_on_expire_hooks(hooks: Iterable[HookSpec] | None) -> None:
         ConfigError: if *hooks* is not an iterable, or holds something that is neither
             callable nor an :class:`ExpiryHookFactory`.
     """
-    global _configured, _resolved, _active
+    global _configured, _resolved
     if hooks is None:
         configured = None
     else:
@@ -154,7 +148,7 @@ def set_on_expire_hooks(hooks: Iterable[HookSpec] | None) -> None:
     with _lock:
         _configured = configured
         _resolved = None
-        _active = None
+        _registry.invalidate()
 
 
 def get_on_expire_hooks() -> tuple[ExpiryHook, ...]:
@@ -214,18 +208,14 @@ class _FailedFactory:
         ) from self.error
 
 
-def _active_hooks() -> tuple[ExpiryHook, ...]:
+def _active() -> tuple[ExpiryHook, ...]:
     """What watchdogs call for each expiry: the resolved hooks, then the metrics
-    counter. Never raises."""
-    global _active
-    active = _active
-    if active is not None:
-        return active
-    with _lock:
-        if _active is None:
-            hooks = _resolve(strict=False)
-            _active = hooks if _metrics_hook is None else (*hooks, _metrics_hook)
-        return _active
+    counter (installed as the registry's resolver; lock held). Never raises."""
+    hooks = _resolve(strict=False)
+    return hooks if _metrics_hook is None else (*hooks, _metrics_hook)
+
+
+_registry.resolver = _active
 
 
 def _set_metrics(
@@ -234,21 +224,12 @@ def _set_metrics(
     """Install (or, with None, remove) the metrics expiry hook and the per-watchdog
     installer; returns the live watchdogs, registered atomically with the switch so that
     no watchdog is missed or handled twice."""
-    global _metrics_hook, _on_register, _active
+    global _metrics_hook
     with _lock:
         _metrics_hook = hook
-        _on_register = on_register
-        _active = None
-        return list(_watchdogs)
-
-
-def _register_watchdog(watchdog: Watchdog[Any]) -> None:
-    """Called by every :class:`~stallguard.Watchdog` at the end of its construction."""
-    with _lock:
-        _watchdogs.add(watchdog)
-        on_register = _on_register
-        if on_register is not None:
-            on_register(watchdog)
+        _registry.on_register = on_register
+        _registry.invalidate()
+        return _registry.live_watchdogs()
 
 
 def live_watchdogs() -> list[Watchdog[Any]]:
@@ -256,5 +237,4 @@ def live_watchdogs() -> list[Watchdog[Any]]:
     particular order. Watchdogs are held weakly: one that is no longer referenced
     disappears from this list once garbage-collected. Used by the observable gauges of
     :func:`enable_metrics`; handy for an operator endpoint."""
-    with _lock:
-        return list(_watchdogs)
+    return _registry.live_watchdogs()

@@ -1,9 +1,9 @@
 """OpenTelemetry metrics (needs only ``opentelemetry-api``), off until enabled.
 
 Why opt-in, unlike the span hook: the state duration histogram is recorded on every
-state change, the one path of a watchdog that runs for every request. A watchdog's
-``on_leave`` slot is None until :func:`enable_metrics` fills it, so a process that does
-not want metrics pays one ``is None`` test per state change and nothing else.
+state change, the one path of a watchdog that runs for every request. A watchdog has
+no ``on_leave`` listener until :func:`enable_metrics` adds one, so a process that does
+not want metrics pays one truth test per state change and nothing else.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ._otel import INSTRUMENTATION_SCOPE, _scope_version
 
 if TYPE_CHECKING:
     from .._details import Expiry
-    from .._watchdog import Watchdog
+    from .._watchdog import Listener, Watchdog
 
 __all__ = [
     "DEFAULT_STATE_DURATION_BUCKETS",
@@ -93,7 +93,7 @@ class _Metrics:
         )
         self.provider = meter_provider
         # watchdog -> the on_leave recorder installed on it (to remove only our own)
-        self.recorders: weakref.WeakKeyDictionary[Watchdog[Any], Callable[[str, float], None]]
+        self.recorders: weakref.WeakKeyDictionary[Watchdog[Any], Listener]
         self.recorders = weakref.WeakKeyDictionary()
         self.expiries = meter.create_counter(
             METRIC_EXPIRIES,
@@ -162,25 +162,16 @@ class _Metrics:
         return on_leave
 
     def install(self, watchdog: Watchdog[Any]) -> None:
-        """Give *watchdog* a duration recorder, unless someone else's on_leave is
-        there (an integration's; there is one slot, and it is not ours to take)."""
-        current = watchdog.on_leave
-        if current is not None and current is not self.recorders.get(watchdog):
-            _hooks.log.warning(
-                "stallguard: not recording %s for %r: its on_leave slot is taken by %r",
-                METRIC_STATE_DURATION,
-                watchdog,
-                current,
-            )
+        """Give *watchdog* a duration recorder (a listener: it shares the watchdog with
+        any other listener)."""
+        if watchdog in self.recorders:
             return
-        recorder = self.recorder(watchdog.spec.name)
-        self.recorders[watchdog] = recorder
-        watchdog.on_leave = recorder
+        self.recorders[watchdog] = watchdog.add_listener(on_leave=self.recorder(watchdog.spec.name))
 
     def uninstall(self, watchdog: Watchdog[Any]) -> None:
-        recorder = self.recorders.pop(watchdog, None)
-        if recorder is not None and watchdog.on_leave is recorder:
-            watchdog.on_leave = None
+        listener = self.recorders.pop(watchdog, None)
+        if listener is not None:
+            listener.remove()
 
     # -- the observable gauges
     def _per_state(self) -> dict[tuple[str, str], tuple[int, float]]:
@@ -251,9 +242,9 @@ def enable_metrics(
       with :func:`set_on_expire_hooks` (which does not remove it).
     * :data:`METRIC_STATE_DURATION` (``stallguard.state.duration``): a histogram of the
       seconds spent in each state, recorded when a request leaves the state, by spec
-      and state. Choose a deadline from its upper percentiles. It is recorded through
-      each watchdog's ``on_leave`` slot; a watchdog whose slot already holds someone
-      else's callable is left alone (and a warning is logged).
+      and state. Choose a deadline from its upper percentiles. It is recorded by an
+      ``on_leave`` listener on each watchdog (:meth:`~stallguard.Watchdog.add_listener`),
+      beside any other listener.
     * :data:`METRIC_REQUESTS` and :data:`METRIC_OLDEST_AGE`: observable gauges of the
       tracked requests and of the oldest request's age, per spec and state, summed
       (count) or maxed (age) over the live watchdogs of a spec, read when the metric
@@ -267,7 +258,7 @@ def enable_metrics(
         state_durations: record the duration histogram. It is the one metric paid
             per state change (see docs/instrumentation.md for the cost with an SDK);
             False keeps the counter and the gauges, whose cost is per expiry and per
-            collection, and leaves every ``on_leave`` slot untouched.
+            collection, and adds no ``on_leave`` listener.
         state_duration_buckets: bucket boundaries in seconds for the duration
             histogram, passed as the instrument's advisory boundaries (an SDK ``View``
             configured by the application takes precedence).

@@ -1,0 +1,65 @@
+"""Process-wide state that watchdogs and the instrumentation package share.
+
+Both sides import this module and neither imports the other: a watchdog asks here for
+the instrumentation hooks to call and registers itself here; ``stallguard.instrumentation``
+installs the function that resolves the hooks and the per-watchdog installer for
+metrics. (Before this module, ``_watchdog`` imported ``instrumentation``, which imported
+``Watchdog`` back.)
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._details import Expiry
+    from ._watchdog import Watchdog
+
+__all__ = ["active_hooks", "invalidate", "live_watchdogs", "register_watchdog"]
+
+Hook = Callable[["Expiry[Any]"], object]
+
+lock = threading.RLock()
+# The hooks every watchdog calls for each expiry, or None until resolved again.
+_active: tuple[Hook, ...] | None = None
+# Set by stallguard.instrumentation on import: resolves the configured hooks (lock held).
+resolver: Callable[[], tuple[Hook, ...]] | None = None
+# Called with each new watchdog (enable_metrics() installs its listeners with it).
+on_register: Callable[[Watchdog[Any]], None] | None = None
+_watchdogs: weakref.WeakSet[Watchdog[Any]] = weakref.WeakSet()
+
+
+def active_hooks() -> tuple[Hook, ...]:
+    """What watchdogs call for each expiry (one module global read when cached)."""
+    global _active
+    active = _active
+    if active is not None:
+        return active
+    with lock:
+        if _active is None:
+            _active = () if resolver is None else resolver()
+        return _active
+
+
+def invalidate() -> None:
+    """Forget the cached hooks: the next expiry resolves them again."""
+    global _active
+    with lock:
+        _active = None
+
+
+def register_watchdog(watchdog: Watchdog[Any]) -> None:
+    """Called by every :class:`~stallguard.Watchdog` at the end of its construction."""
+    with lock:  # atomic with enable_metrics()' switch: no watchdog missed or done twice
+        _watchdogs.add(watchdog)
+        if on_register is not None:
+            on_register(watchdog)
+
+
+def live_watchdogs() -> list[Watchdog[Any]]:
+    """Every watchdog still alive in this process, in no particular order."""
+    with lock:
+        return list(_watchdogs)

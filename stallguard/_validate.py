@@ -1,0 +1,83 @@
+"""The one place where durations and watchdog choices are validated.
+
+Every entry point (``Deadline``/``Spec``, :class:`~stallguard.WatchdogOptions`, the
+config loaders, the adapters' config through :func:`~stallguard.parse_deadlines`) goes
+through these functions, so a bad value gets the same message wherever it came from:
+the location (a field name, or ``file: [table] key``) and the value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable
+
+from ._errors import ConfigError
+
+__all__ = ["MODES", "UNKNOWN_STATE", "DEFAULT_MEMORY", "check_seconds", "choice", "did_you_mean"]
+
+#: The watchdog modes, in the order docs list them.
+MODES = ("enforce", "report")
+#: What ``unknown_state`` accepts.
+UNKNOWN_STATE = ("raise", "ignore")
+#: How many concluded keys a watchdog remembers by default.
+DEFAULT_MEMORY = 65_536
+
+
+def did_you_mean(value: object, allowed: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of *allowed*, or ``""``."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_seconds(where: str, value: object) -> float | None:
+    """*value* as a duration: a positive, finite real number of seconds, or None.
+
+    Args:
+        where: how the error names the value's location, e.g. ``"Deadline.seconds"`` or
+            ``"kv.toml: [spec.kv.deadlines] Transferring"``.
+
+    Raises:
+        ConfigError: naming *where* and the value: not a number (bools and strings are
+            not numbers), NaN, infinite, too large for a float, zero or negative.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(
+            f"{where} must be a number of seconds or None, got {_show(value)} "
+            f"({type(value).__name__})"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise ConfigError(
+            f"{where} must be a positive, finite number of seconds, got {_show(value)}, "
+            "which is too large for a float"
+        ) from None
+    if math.isnan(seconds) or math.isinf(seconds) or seconds <= 0:
+        raise ConfigError(
+            f"{where} must be a positive, finite number of seconds, got {_show(value)}; "
+            "use None to declare explicitly that there is no deadline"
+        )
+    return seconds
+
+
+def choice(where: str, value: object, allowed: tuple[str, ...]) -> str:
+    """*value* if it is one of *allowed*, else a ConfigError with a hint."""
+    if isinstance(value, str) and value in allowed:
+        return value
+    expected = " or ".join(repr(a) for a in allowed)
+    raise ConfigError(
+        f"{where} must be {expected}, got {_show(value)}{did_you_mean(value, allowed)}"
+    )
+
+
+def _show(value: object) -> str:
+    """repr(value), shortened (a 400-digit integer is shown by its size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,294 @@
+"""A stateful property test: one watchdog driven through random sequences of every
+operation, checked against a small reference model after every step.
+
+The reference model scans every request on every check (obviously correct, far too slow
+for production). Hypothesis drives both with the same operations: observe (known and
+unknown states, a terminal state at first sight, repeated states, ``at=``), heartbeat,
+forget with and without ``remember``, annotate, ``check`` with and without ``now``,
+clock moves, and enforcement actions that raise an ``Exception`` or a ``BaseException``.
+
+After every step it asserts the documented guarantees:
+
+* exactly once: each state entry's overdue deadline is delivered once, never twice;
+* nothing concluded (terminal, forgotten, expired) ever expires, and late events never
+  resurrect a request;
+* nothing overdue is missed: every check returns exactly what the model says is due
+  (plus what an interrupted check could not deliver);
+* ``len()``, ``in``, ``state_of()`` and ``snapshot()`` agree with the model;
+* remembered keys stay bounded by ``memory``.
+
+``HYPOTHESIS_PROFILE=long`` (tests/conftest.py) runs many more examples locally.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import stallguard as sg
+from stallguard.instrumentation import set_on_expire_hooks
+from stallguard.testing import FakeClock
+
+SPEC = sg.Spec(
+    "stateful",
+    {"a": 3, "b": 5, "c": sg.Deadline(seconds=8, stall=2), "d": None},
+    terminal=["ok", "err"],
+    lifetime=12,
+)
+STATES = ["a", "b", "c", "d", "ok", "err"]
+KEYS = st.integers(0, 5)
+LAGS = st.sampled_from([None, None, 0.0, 0.5, 1.5])
+
+
+class Interrupt(BaseException):
+    """What an enforcement action raises to simulate KeyboardInterrupt / SystemExit."""
+
+
+class Model:
+    """The documented behaviour, by brute force."""
+
+    def __init__(self, mode: str, memory: int, spec: sg.Spec) -> None:
+        self.mode = mode
+        self.memory = memory
+        self.spec = spec
+        self.live: dict[int, dict[str, Any]] = {}
+        # concluded keys, oldest first: True = expired (enforce), False = concluded
+        self.gone: OrderedDict[int, bool] = OrderedDict()
+        self.reported: set[tuple[int, str]] = set()
+        self.late = 0
+
+    def bury(self, key: int, expired: bool) -> None:
+        if key in self.gone:
+            return
+        self.gone[key] = expired
+        if len(self.gone) > self.memory:
+            self.gone.popitem(last=False)
+
+    def observe(self, key: int, state: str, t: float) -> None:
+        terminal = state in self.spec.terminal
+        rec = self.live.get(key)
+        if rec is None:
+            if terminal:
+                self.bury(key, False)  # the terminal-first-sight rule
+            elif key in self.gone:
+                self.late += 1
+            else:
+                self.live[key] = {"state": state, "entered": t, "beat": t, "born": t}
+            return
+        if rec["state"] == state:
+            return
+        if terminal:
+            del self.live[key]
+            self.bury(key, False)
+            self.reported -= {(key, "state"), (key, "stall"), (key, "lifetime")}
+            return
+        rec.update(state=state, entered=max(t, rec["entered"]), beat=max(t, rec["entered"]))
+        self.reported -= {(key, "state"), (key, "stall")}
+
+    def heartbeat(self, key: int, t: float) -> bool:
+        rec = self.live.get(key)
+        if rec is None:
+            return False
+        rec["beat"] = max(rec["beat"], t)
+        self.reported.discard((key, "stall"))
+        return True
+
+    def forget(self, key: int, remember: bool) -> bool:
+        tracked = self.live.pop(key, None) is not None
+        self.reported -= {(key, "state"), (key, "stall"), (key, "lifetime")}
+        if remember:
+            self.bury(key, False)
+        else:
+            self.gone.pop(key, None)
+        return tracked
+
+    def due(self, rec: dict[str, Any]) -> list[tuple[float, str, float]]:
+        deadline = self.spec.deadlines[rec["state"]]
+        out = []
+        if deadline.seconds is not None:
+            out.append((rec["entered"] + deadline.seconds, "state", rec["entered"]))
+        if deadline.stall is not None:
+            out.append((rec["beat"] + deadline.stall, "stall", rec["beat"]))
+        if self.spec.lifetime is not None:
+            out.append((rec["born"] + self.spec.lifetime, "lifetime", rec["born"]))
+        # ties: the most specific reason first (state, stall, lifetime), as documented
+        return sorted(out, key=lambda d: d[0])
+
+    def check(self, now: float) -> set[tuple[int, str, float]]:
+        result = set()
+        for key, rec in list(self.live.items()):
+            overdue = [d for d in self.due(rec) if d[0] <= now]
+            if not overdue:
+                continue
+            if self.mode == "enforce":
+                _, reason, since = overdue[0]
+                result.add((key, reason, since))
+                del self.live[key]
+                self.bury(key, True)
+            else:
+                for _, reason, since in overdue:
+                    if (key, reason) not in self.reported:
+                        self.reported.add((key, reason))
+                        result.add((key, reason, since))
+        return result
+
+
+class WatchdogMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.last_at = -math.inf
+        # what the enforcement action should do on its next call: None, "error", "interrupt"
+        self.arm: str | None = None
+        self.delivered: list[tuple[int, str, float]] = []  # every expiry the action saw
+        self.carried: set[tuple[int, str, float]] = set()  # due, not yet returned
+
+    @initialize(
+        mode=st.sampled_from(["enforce", "report"]),
+        memory=st.sampled_from([1, 3, 64]),
+        lifetime=st.sampled_from([None, 12]),
+    )
+    def start(self, mode: str, memory: int, lifetime: float | None) -> None:
+        set_on_expire_hooks([])  # no logging or spans: the listeners see everything
+        spec = SPEC.evolve(lifetime=lifetime)
+        self.model = Model(mode, memory, spec)
+        self.memory = memory
+
+        def record(expiry: sg.Expiry[int]) -> None:
+            self.delivered.append((expiry.key, expiry.reason, expiry.entered_at))
+
+        def action(expiry: sg.Expiry[int]) -> None:
+            arm, self.arm = self.arm, None
+            if arm == "error":
+                raise ValueError("enforcement action failed")
+            if arm == "interrupt":
+                raise Interrupt()
+
+        self.wd: sg.Watchdog[int] = sg.Watchdog(
+            spec,
+            clock=self.clock,
+            mode=mode,  # type: ignore[arg-type]
+            memory=memory,
+            unknown_state="raise",
+        )
+        # the recorder sees every expiry in both modes; the action may raise
+        self.wd.add_listener(on_expire=record)
+        self.wd.add_listener(on_expire=action)
+
+    # ------------------------------------------------------------------ operations
+
+    def _time(self, lag: float | None) -> tuple[float | None, float]:
+        """(at, t): changes applied late come in the order they happened."""
+        if lag is None:
+            self.last_at = self.clock()
+            return None, self.clock()
+        t = self.last_at = max(self.clock() - lag, self.last_at)
+        return t, t
+
+    @rule(key=KEYS, state=st.sampled_from(STATES), lag=LAGS)
+    def observe(self, key: int, state: str, lag: float | None) -> None:
+        at, t = self._time(lag)
+        self.wd.observe(key, state, at=at)
+        self.model.observe(key, state, t)
+
+    @rule(key=KEYS, state=st.sampled_from(["nope", 3, ("a",), ["unhashable"]]))
+    def observe_unknown(self, key: int, state: Any) -> None:
+        with pytest.raises(sg.UnknownStateError):
+            self.wd.observe(key, state)
+
+    @rule(key=KEYS, lag=LAGS)
+    def heartbeat(self, key: int, lag: float | None) -> None:
+        at, t = self._time(lag)
+        assert self.wd.heartbeat(key, at=at) == self.model.heartbeat(key, t)
+
+    @rule(key=KEYS, remember=st.booleans())
+    def forget(self, key: int, remember: bool) -> None:
+        assert self.wd.forget(key, remember=remember) == self.model.forget(key, remember)
+
+    @rule(key=KEYS)
+    def annotate(self, key: int) -> None:
+        assert self.wd.annotate(key, attributes={"k": key}) == (key in self.model.live)
+
+    @rule(seconds=st.sampled_from([0, 0.5, 1, 2, 2.5, 3, 5, 13]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule(kind=st.sampled_from(["error", "interrupt"]))
+    def arm_action(self, kind: str) -> None:
+        self.arm = kind
+
+    @rule(explicit=st.booleans())
+    def check(self, explicit: bool) -> None:
+        now = self.clock()
+        due = self.model.check(now)
+        for key, _reason, _since in due:
+            assert key not in self.model.gone or self.model.gone[key] or self.model.mode == "report"
+        expected = due | self.carried
+        before = len(self.delivered)
+        try:
+            got = self.wd.check(now) if explicit else self.wd.check()
+        except Interrupt:
+            # delivered up to the interruption; the rest comes with the next check
+            self.carried = expected
+            new = self.delivered[before:]
+            assert set(new) <= expected
+            return
+        returned = {(e.key, e.reason, e.entered_at) for e in got}
+        assert len(returned) == len(got), f"an expiry returned twice: {got}"
+        assert returned == expected
+        self.carried = set()
+
+    @precondition(lambda self: self.model.mode == "enforce")
+    @rule(key=KEYS)
+    def expired_flag(self, key: int) -> None:
+        assert self.wd.expired(key) == (self.model.gone.get(key) is True)
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def exactly_once(self) -> None:
+        # each (key, reason, start) is a distinct state entry / window / life
+        assert len(self.delivered) == len(set(self.delivered)), self.delivered
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        model = self.model
+        wd = self.wd
+        assert len(wd) == len(model.live)
+        for key in range(6):
+            rec = model.live.get(key)
+            assert (key in wd) == (rec is not None)
+            assert wd.state_of(key) == (None if rec is None else rec["state"])
+        snap = wd.snapshot()
+        assert snap.tracked == len(model.live)
+        assert {r.key: (r.state, r.entered_at) for r in snap.requests} == {
+            k: (r["state"], r["entered"]) for k, r in model.live.items()
+        }
+        for label, summary in snap.states.items():
+            assert summary.count == sum(1 for r in model.live.values() if r["state"] == label)
+        assert snap.late_events == model.late
+
+    @invariant()
+    def memory_bounded(self) -> None:
+        assert self.wd._remembered() <= self.memory
+
+
+WatchdogMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestWatchdogStateful = WatchdogMachine.TestCase
