@@ -3,12 +3,13 @@
 Design (docs/watchdog.md, "How it works", says more):
 
 * A tracked request is one record (``_Rec``): its key, its state's slot, when it entered
-  the state, the last renewal of its progress window, a stamp per deadline clock.
+  the state, the last renewal of its progress window, and a generation that counts its
+  state entries.
 * Every deadline clock (each state's deadline, each progress window, the lifetime) is a
   **lazy FIFO**: a ``deque`` of ``(start, record, stamp)`` appended in time order. Every
   entry on one clock shares one duration, so entries fall due in the order they were
   appended and only the head can be due. Leaving a state does not touch the FIFO: it
-  bumps the record's stamp, which makes the old entry stale; stale entries are dropped
+  bumps the record's generation, which makes the old entry stale; stale entries are dropped
   when they reach the head (or by a compaction that keeps each FIFO within twice its
   live entries plus a constant). A state change is therefore two attribute writes and
   one ``deque.append``; a request that lives milliseconds against deadlines of tens of
@@ -52,7 +53,7 @@ _MISSING: Any = object()
 _INF = math.inf
 _EXPIRED = True  # tombstone value: the key was force-failed (enforce mode)
 _CONCLUDED = False  # tombstone value: terminal state, forget(), or reported-then-ended
-_DEAD = -1  # a record's stamps once it is untracked: every FIFO entry for it is stale
+_DEAD = -1  # a record's generation once it is untracked: every FIFO entry for it is stale
 _SLACK = 1024  # stale FIFO entries tolerated beyond twice the live ones
 _by_due = operator.itemgetter(0)
 
@@ -114,10 +115,10 @@ class _Note:
 
 
 class _Rec:
-    """One tracked request. ``gen``/``beat_gen``/``life`` stamp the FIFO entries of its
-    state clock, progress window and lifetime; an entry whose stamp differs is stale."""
+    """One tracked request. ``gen`` counts its state entries (``_DEAD`` once untracked):
+    a FIFO entry made in another generation is stale."""
 
-    __slots__ = ("beat", "beat_gen", "gen", "key", "life", "note", "since", "slot")
+    __slots__ = ("beat", "gen", "key", "note", "since", "slot")
 
     def __init__(self, key: Any, slot: _Slot, since: float) -> None:
         self.key = key
@@ -125,39 +126,54 @@ class _Rec:
         self.since = since
         self.gen = 0
         self.beat = since
-        self.beat_gen = 0
-        self.life = 0
         self.note: _Note | None = None
 
 
+def _state_entry(entry: tuple[float, _Rec, int]) -> bool:
+    """A state clock's entry holds while its request is in the state it was made for."""
+    return entry[1].gen == entry[2]
+
+
+def _stall_entry(entry: tuple[float, _Rec, int]) -> bool:
+    """A progress window's entry holds until the state ends or a renewal replaces it."""
+    rec = entry[1]
+    return rec.gen == entry[2] and rec.beat == entry[0]
+
+
+def _life_entry(entry: tuple[float, _Rec, int]) -> bool:
+    """A lifetime entry holds while the request is tracked."""
+    return entry[1].gen != _DEAD
+
+
 class _Clock:
-    """A lazy FIFO of ``(start, record, stamp)``: one deadline clock."""
+    """A lazy FIFO of ``(start, record, generation)``: one deadline clock."""
 
-    __slots__ = ("limit", "q", "reason", "seconds", "stamp")
+    __slots__ = ("limit", "q", "reason", "seconds", "valid")
 
-    def __init__(self, seconds: float, reason: str, stamp: str) -> None:
+    def __init__(
+        self, seconds: float, reason: str, valid: Callable[[tuple[float, _Rec, int]], bool]
+    ) -> None:
         self.q: deque[tuple[float, _Rec, int]] = deque()
         self.seconds = seconds
         self.reason = reason
-        #: reads the record's current stamp for this clock
-        self.stamp: Callable[[_Rec], int] = operator.attrgetter(stamp)
+        #: whether an entry still holds (else it is stale)
+        self.valid = valid
         #: compact when the FIFO grows past this (amortised O(1) per append)
         self.limit = _SLACK
 
     def head(self) -> tuple[float, _Rec, int] | None:
         """The first live entry, dropping stale ones on the way."""
         q = self.q
-        stamp = self.stamp
+        valid = self.valid
         while q:
             entry = q[0]
-            if stamp(entry[1]) == entry[2]:
+            if valid(entry):
                 return entry
             q.popleft()
         return None
 
     def compact(self) -> None:
-        stamp = self.stamp
-        self.q = deque(e for e in self.q if stamp(e[1]) == e[2])
+        self.q = deque(filter(self.valid, self.q))
         self.limit = 2 * len(self.q) + _SLACK
 
     def tail(self) -> float:
@@ -169,7 +185,6 @@ class _Slot:
     """Per-state bookkeeping."""
 
     __slots__ = (
-        "count",
         "deadline",
         "label",
         "parked",
@@ -190,13 +205,11 @@ class _Slot:
         self.stall: float | None = None if deadline is None else deadline.stall
         #: every live request in this state, by start (the state clock when it has one)
         self.timer: _Clock | None = (
-            None if self.terminal else _Clock(self.seconds or _INF, "state", "gen")
+            None if self.terminal else _Clock(self.seconds or _INF, "state", _state_entry)
         )
         self.stalls: _Clock | None = (
-            None if self.stall is None else _Clock(self.stall, "stall", "beat_gen")
+            None if self.stall is None else _Clock(self.stall, "stall", _stall_entry)
         )
-        #: requests in this state now
-        self.count = 0
         #: report mode: records whose state deadline was reported -> state start
         self.parked: dict[_Rec, float] = {}
 
@@ -240,7 +253,7 @@ def _check_time(name: str, value: Any) -> float:
         )
     try:
         if math.isfinite(value):
-            return value  # type: ignore[no-any-return]
+            return float(value)
     except OverflowError:  # an int too large for a float
         pass
     raise ValueError(f"{name} must be a finite time on the watchdog's clock, got {value!r}")
@@ -338,7 +351,7 @@ class Watchdog(Generic[K]):
         self._live: tuple[_Slot, ...] = tuple(live)
         self._lifetime = spec.lifetime
         self._life: _Clock | None = (
-            None if spec.lifetime is None else _Clock(spec.lifetime, "lifetime", "life")
+            None if spec.lifetime is None else _Clock(spec.lifetime, "lifetime", _life_entry)
         )
         # The clocks that can fire, in tie-break order: state deadlines, progress
         # windows, lifetime (the most specific reason first).
@@ -531,7 +544,6 @@ class Watchdog(Generic[K]):
                     return
                 if at is not None and rec.since > now:
                     now = rec.since  # a state never starts before the one it ends
-                old.count -= 1
                 if old.parked:
                     old.parked.pop(rec, None)
                 if self._leave_listeners:
@@ -542,7 +554,6 @@ class Watchdog(Generic[K]):
                 else:
                     rec.slot = slot
             if rec is not None:
-                slot.count += 1
                 timer: _Clock = slot.timer  # type: ignore[assignment]
                 q = timer.q
                 start = now
@@ -558,15 +569,12 @@ class Watchdog(Generic[K]):
                 if due < self._next_due:
                     self._next_due = due
                     woke = True
-                # a new state ends the old state's progress window
-                beat = rec.beat_gen + 1
-                rec.beat_gen = beat
                 stalls = slot.stalls
                 if stalls is not None:
                     if at is not None:
                         start = max(now, stalls.tail())
                     rec.beat = start
-                    stalls.q.append((start, rec, beat))
+                    stalls.q.append((start, rec, gen))
                     if len(stalls.q) > stalls.limit:
                         stalls.compact()
                     due = start + stalls.seconds
@@ -610,10 +618,10 @@ class Watchdog(Generic[K]):
             if stalls is not None:
                 if at is not None:
                     now = max(now, stalls.tail(), rec.beat)  # never shorten a window
-                beat = rec.beat_gen + 1
-                rec.beat_gen = beat
+                if now == rec.beat:  # nothing renewed (and one entry per window start)
+                    return True
                 rec.beat = now
-                stalls.q.append((now, rec, beat))
+                stalls.q.append((now, rec, rec.gen))
                 if len(stalls.q) > stalls.limit:
                     stalls.compact()
                 due = now + stalls.seconds
@@ -650,14 +658,12 @@ class Watchdog(Generic[K]):
                     self._bury(key, _CONCLUDED)
                 return False
             slot = rec.slot
-            slot.count -= 1
             if slot.parked:
                 slot.parked.pop(rec, None)
             if self._leave_listeners:
                 left = (slot.label, self._clock() - rec.since)
-            self._untrack(rec, _CONCLUDED)
-            if not remember:
-                self._gone.pop(key, None)
+            # (not remembered: never buried, so no older key's memory is pushed out)
+            self._untrack(rec, _CONCLUDED if remember else None)
         if left is not None:
             self._notify_leave(left)
         return True
@@ -689,10 +695,11 @@ class Watchdog(Generic[K]):
             for name in attributes:
                 if not isinstance(name, str):
                     raise TypeError(f"attribute names must be strings, got {name!r}")
+        links: tuple[Any, ...] | None = None
         if trace_links is not None:
             if isinstance(trace_links, (str, bytes)) or not isinstance(trace_links, Iterable):
                 raise TypeError(f"trace_links must be an iterable, got {trace_links!r}")
-            trace_links = tuple(trace_links)
+            links = tuple(trace_links)
         with self._lock:
             try:
                 rec = self._where.get(key)
@@ -707,8 +714,8 @@ class Watchdog(Generic[K]):
                 note.attributes.update(attributes)
             if trace_parent is not None:
                 note.parent = trace_parent
-            if trace_links is not None:
-                note.links = trace_links  # type: ignore[assignment]
+            if links is not None:
+                note.links = links
             return True
 
     # ------------------------------------------------------------------ deadlines
@@ -738,6 +745,11 @@ class Watchdog(Generic[K]):
         now = self._clock() if now is None else _check_time("now", now)
         if now < self._next_due:
             return []
+        return self._expire(now)
+
+    def _expire(self, now: float) -> list[Expiry[K]]:
+        """check()'s work once something may be due (kept out of check() so that the
+        idle path stays one comparison)."""
         with self._lock:
             carried = self._carry
             if carried:
@@ -841,16 +853,9 @@ class Watchdog(Generic[K]):
                         f"guard(state=...) maps to {value!r}, which spec "
                         f"{self._spec.name!r} does not declare"
                     )
-            lookup = mapping.__getitem__
-
-            def to_state(value: Any) -> State:
-                try:
-                    return lookup(value)
-                except TypeError:  # an unhashable poll value maps to nothing
-                    raise KeyError(value) from None
-
+            to_state: Callable[[Any], State] | None = mapping.__getitem__
         elif state is None or callable(state):
-            to_state = state  # type: ignore[assignment]
+            to_state = state
         else:
             raise ConfigError(f"guard(state=...) must be a mapping or a callable, got {state!r}")
         where = self._where
@@ -884,8 +889,8 @@ class Watchdog(Generic[K]):
                 else:
                     try:
                         s = to_state(result)
-                    except KeyError:
-                        raise UnknownStateError(spec_name, k, result, known_values) from None
+                    except (KeyError, TypeError) as exc:  # unmapped, or unhashable
+                        raise UnknownStateError(spec_name, k, result, known_values) from exc
                 try:
                     slot = slots.get(s)
                 except TypeError:
@@ -920,17 +925,19 @@ class Watchdog(Generic[K]):
 
     def snapshot(self, *, requests: bool = True, now: float | None = None) -> Snapshot[K]:
         """A consistent view: per-state counts and oldest age, and (with *requests*)
-        every tracked request with its state and time in state. O(tracked) with
-        *requests*, O(states) without (amortised)."""
+        every tracked request with its state and time in state. O(tracked)."""
         now = self._clock() if now is None else _check_time("now", now)
         with self._lock:
+            counts: dict[_Slot, int] = dict.fromkeys(self._live, 0)
+            for rec in self._where.values():
+                counts[rec.slot] += 1
             states: dict[str, StateSummary] = {}
             for slot in self._live:
                 oldest = self._oldest(slot)
                 states[slot.label] = StateSummary(
                     state=slot.state,
                     deadline=slot.deadline,
-                    count=slot.count,
+                    count=counts[slot],
                     oldest_age=None if oldest is None else now - oldest,
                 )
             tracked: list[TrackedRequest[K]] = []
@@ -972,12 +979,10 @@ class Watchdog(Generic[K]):
             for slot in self._live:
                 for clock in (slot.timer, slot.stalls):
                     if clock is not None:
-                        sizes[f"{slot.label}.{clock.reason}"] = sum(
-                            1 for e in clock.q if clock.stamp(e[1]) == e[2]
-                        )
+                        sizes[f"{slot.label}.{clock.reason}"] = sum(map(clock.valid, clock.q))
                 sizes[f"{slot.label}.parked"] = len(slot.parked)
             if self._life is not None:
-                sizes["lifetime"] = sum(1 for e in self._life.q if e[1].life == e[2])
+                sizes["lifetime"] = sum(map(self._life.valid, self._life.q))
             sizes["carried"] = len(self._carry)
             queues = [s.timer for s in self._live] + [s.stalls for s in self._live]
             queues.append(self._life)
@@ -1002,13 +1007,14 @@ class Watchdog(Generic[K]):
         with self._lock:
             self._unknown += 1
 
-    def _untrack(self, rec: _Rec, how: bool) -> None:
-        """Drop every trace of *rec* but its key's tombstone (lock held; the record has
-        already left its slot's count). Its FIFO entries go stale."""
-        rec.gen = rec.beat_gen = rec.life = _DEAD
+    def _untrack(self, rec: _Rec, how: bool | None) -> None:
+        """Drop every trace of *rec* but its key's tombstone (*how*; None: none) (lock
+        held). Its FIFO entries go stale."""
+        rec.gen = _DEAD
         rec.note = None
         del self._where[rec.key]
-        self._bury(rec.key, how)
+        if how is not None:
+            self._bury(rec.key, how)
 
     def _bury(self, key: K, how: bool) -> None:
         gone = self._gone
@@ -1034,13 +1040,14 @@ class Watchdog(Generic[K]):
         add = found.append
         for clock in self._clocks:
             q = clock.q
-            stamp = clock.stamp
+            valid = clock.valid
             seconds = clock.seconds
             while q:
-                start, rec, mark = q[0]
-                if stamp(rec) != mark:
+                entry = q[0]
+                if not valid(entry):
                     q.popleft()  # stale: the request left this state or window
                     continue
+                start, rec, _gen = entry
                 due = start + seconds
                 if due > now:
                     break
@@ -1080,7 +1087,6 @@ class Watchdog(Generic[K]):
                     _set_trace_links(expiry, note.links)
                 append(expiry)
                 if enforce:
-                    slot.count -= 1
                     if slot.parked:
                         slot.parked.pop(rec, None)
                     if listening:

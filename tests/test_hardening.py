@@ -310,3 +310,14 @@ def test_add_listener_refuses_bad_arguments(clock: FakeClock) -> None:
         wd.add_listener()
     with pytest.raises(sg.ConfigError, match=r"add_listener\(on_leave=...\) must be callable"):
         wd.add_listener(on_leave=42)  # type: ignore[arg-type]
+
+
+def test_forgetting_without_remembering_keeps_older_memories(clock: FakeClock) -> None:
+    """Found by the stateful test: forget(k, remember=False) buried k and dug it up
+    again, pushing the oldest remembered key out of a full memory."""
+    wd: sg.Watchdog[int] = sg.Watchdog(KV, clock=clock, memory=1)
+    wd.forget(1)  # remembered
+    wd.observe(0, "Transferring")
+    wd.forget(0, remember=False)
+    wd.observe(1, "Transferring")  # still a late event for a concluded key
+    assert 1 not in wd and wd.snapshot().late_events == 1

@@ -65,7 +65,7 @@ class Reference:
 
     def heartbeat(self, key, now):
         rec = self.live.get(key)
-        if rec is not None:
+        if rec is not None and now > rec["beat"]:  # a renewal that renews nothing re-arms nothing
             rec["beat"] = now
             self.reported.discard((key, "stall"))
 

@@ -101,8 +101,9 @@ class Model:
         rec = self.live.get(key)
         if rec is None:
             return False
-        rec["beat"] = max(rec["beat"], t)
-        self.reported.discard((key, "stall"))
+        if t > rec["beat"]:  # a renewal that renews nothing re-arms nothing
+            rec["beat"] = t
+            self.reported.discard((key, "stall"))
         return True
 
     def forget(self, key: int, remember: bool) -> bool:

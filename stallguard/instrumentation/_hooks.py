@@ -50,7 +50,7 @@ class ExpiryHook(Protocol):
     def __call__(self, expiry: Expiry[Any]) -> object: ...
 
 
-def _check_factory(_instance: object, _attribute: object, value: object) -> None:
+def _check_factory(_instance: Any, _attribute: Any, value: Any) -> None:
     if not callable(value):
         raise ConfigError(
             f"ExpiryHookFactory(hook_factory=...) must be a callable that takes no "
