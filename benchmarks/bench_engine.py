@@ -14,7 +14,7 @@ process, so that every arm sees the same machine, and prints ratios:
 
 Rows (issue 14's targets): state change (no slower than the naive dict update), same-state
 observe, ``check()`` with nothing due (unchanged), one expiry per check (≤ 1.5 µs), the
-guarded poll's added cost (≤ 2× the asyncio arm's). ``--quick`` is a smoke test.
+guarded poll's added cost (at most 2x the asyncio arm's). ``--quick`` is a smoke test.
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def main() -> int:
     )
     print(f"- python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.2f} at start\n")
     print(
-        "| operation | N | stallguard | previous | naive dict | asyncio call_at | stallguard / naive | stallguard / previous |"
+        "| operation | N | stallguard | previous | naive dict | asyncio call_at "
+        "| stallguard / naive | stallguard / previous |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
