@@ -114,6 +114,7 @@ TOOLING = [
     "matplotlib",
     "ruff",
     "prometheus-client",
+    "mypy",
 ]
 EDITABLE = [ROOT, ROOT / "adapters" / "sglang"]
 # .venv-sglang0517 holds only these (all --no-deps); shared/notes/sglang-0.5.17.md s6.
