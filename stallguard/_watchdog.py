@@ -1113,8 +1113,12 @@ class Watchdog(Generic[K]):
                     except Exception:
                         self._hook_failed(hook, expiry)
         except BaseException:
+            # This call returns nothing now: the next check() returns every expiry of
+            # it, and hands each to the hooks it has not reached yet (none for those
+            # already done).
             expiry, hooks = work[i]
-            rest = [(expiry, hooks[j + 1 :]), *work[i + 1 :]]
+            rest = [(e, ()) for e, _ in work[:i]]
+            rest += [(expiry, hooks[j + 1 :]), *work[i + 1 :]]
             with self._lock:
                 self._carry[:0] = rest
                 self._next_due = -_INF  # the next check() delivers them

@@ -321,3 +321,27 @@ def test_forgetting_without_remembering_keeps_older_memories(clock: FakeClock) -
     wd.forget(0, remember=False)
     wd.observe(1, "Transferring")  # still a late event for a concluded key
     assert 1 not in wd and wd.snapshot().late_events == 1
+
+
+def test_a_second_interruption_still_returns_everything_once(clock: FakeClock) -> None:
+    """Found by the stateful test: an expiry carried over and fully delivered by a check
+    that is interrupted again must still be returned by the next one."""
+    interrupts = [True, True]
+
+    def action(expiry: sg.Expiry[str]) -> None:
+        if interrupts:
+            interrupts.pop()
+            raise Interrupt
+
+    wd: sg.Watchdog[str] = sg.Watchdog(KV.evolve(lifetime=12), clock=clock, mode="report")
+    seen: list[tuple[str, str]] = []
+    wd.add_listener(on_expire=lambda e: seen.append((e.key, e.reason)))
+    wd.add_listener(on_expire=action)
+    wd.observe("k", "WaitingForInput")
+    clock.advance(200)
+    for _ in range(2):
+        with pytest.raises(Interrupt):
+            wd.check()
+    assert sorted((e.key, e.reason) for e in wd.check()) == [("k", "lifetime"), ("k", "state")]
+    assert sorted(seen) == [("k", "lifetime"), ("k", "state")]  # each delivered once
+    assert wd.check() == []
