@@ -257,6 +257,7 @@ class Watchdog(Generic[K]):
         self._hook_errors = 0
         self._late = 0
         self._unknown = 0
+        self._runner_errors = 0
         # Optional callbacks for integrations (runners, metrics); None costs nothing.
         #: called (without arguments, possibly from another thread) when an earlier
         #: deadline than any before appears; runners use it to wake up early.
@@ -632,6 +633,7 @@ class Watchdog(Generic[K]):
                 expired=self._expired,
                 hook_errors=self._hook_errors,
                 late_events=self._late,
+                runner_errors=self._runner_errors,
             )
 
     # ------------------------------------------------------------------ internals
@@ -653,6 +655,11 @@ class Watchdog(Generic[K]):
             )
         with self._lock:
             self._unknown += 1
+
+    def _runner_failed(self) -> None:
+        """Count a runner loop that an error ended (called by the runner)."""
+        with self._lock:
+            self._runner_errors += 1
 
     def _lower_due(self, due: float) -> None:
         if due < self._next_due:
