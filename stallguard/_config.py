@@ -117,7 +117,9 @@ class _Raw:
         self.text = text
 
 
-def _unknown_key(source: str, table: str, key: object, value: object, allowed: tuple[str, ...]):
+def _unknown_key(
+    source: str, table: str, key: object, value: object, allowed: tuple[str, ...]
+) -> ConfigError:
     last = key[-1] if isinstance(key, tuple) else key
     close = difflib.get_close_matches(str(last), allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -238,7 +240,7 @@ def parse_deadlines(
 def _choice(source: str, table: str, key: str, value: object, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise _error(source, table, key, value, f"must be one of {', '.join(map(_show, allowed))}")
-    return value  # type: ignore[return-value]
+    return value  # type: ignore[return-value,unused-ignore]
 
 
 def _memory(source: str, table: str, key: str, value: object) -> int:

@@ -93,7 +93,7 @@ def _key_function(key: object) -> Callable[[Any], Hashable]:
             raise ConfigError(f"key must be an attribute name or a callable, got {key!r}")
         return operator.attrgetter(key)
     if callable(key):
-        return key  # type: ignore[return-value]
+        return key  # type: ignore[return-value,unused-ignore]
     raise ConfigError(f"key must be None (id(model)), an attribute name or a callable, got {key!r}")
 
 
@@ -161,12 +161,12 @@ class _Attachment:
                 sync(model)
 
         def observed_add_model(model: Any, *args: Any, **kwargs: Any) -> None:
-            self.join(listify(model))
+            self.join(list(listify(model)))
             add_model(model, *args, **kwargs)
 
         def observed_remove_model(model: Any, *args: Any, **kwargs: Any) -> None:
             remove_model(model, *args, **kwargs)
-            self.leave(listify(model))
+            self.leave(list(listify(model)))
 
         self.join(list(machine.models))  # first: it raises on a key shared by two models
         machine.set_state = observed_set_state
@@ -493,8 +493,8 @@ def attach(
     key_of = _key_function(key)
 
     if watchdog is not None:
-        router = _ROUTERS.get(watchdog)  # type: ignore[arg-type]
-        if router is None:
+        found = _ROUTERS.get(watchdog)
+        if found is None:
             raise ConfigError(
                 f"watchdog {watchdog!r} was not created by stallguard.transitions.attach(), "
                 "so it cannot fire triggers on models; pass a spec instead, or a watchdog "
@@ -514,6 +514,7 @@ def attach(
                 f"spec {spec.name!r} differs from the spec of watchdog {watchdog!r}; "
                 "omit spec to use the watchdog's"
             )
+        router = found
     elif not isinstance(spec, Spec):
         raise ConfigError(f"spec must be a stallguard.Spec, got {spec!r}")
     _validate(machine, spec, trigger)

@@ -6,6 +6,7 @@ its own (the gauges read every live watchdog of the process), and moves a FakeCl
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections import Counter
@@ -343,7 +344,7 @@ def test_any_bucket_list_is_taken_exactly_when_the_sdk_can_use_it(buckets: list)
         assert repr(buckets) in str(exc)
         return
     assert taken and all(math.isfinite(b) and b >= 0 for b in taken)
-    assert all(a < b for a, b in zip(taken, taken[1:]))
+    assert all(a < b for a, b in itertools.pairwise(taken))
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     meter = provider.get_meter("bucket-check")

@@ -95,7 +95,9 @@ class _Metrics:
         from opentelemetry import metrics
 
         meter = metrics.get_meter(
-            INSTRUMENTATION_SCOPE, _scope_version(), meter_provider=meter_provider
+            INSTRUMENTATION_SCOPE,
+            _scope_version(),  # type: ignore[arg-type]  # None is accepted at runtime
+            meter_provider=meter_provider,
         )
         self.provider = meter_provider
         # watchdog -> the on_leave recorder installed on it (to remove only our own)
