@@ -208,6 +208,13 @@ class _Attachment:
         batch: dict[Hashable, Any] = {}
         for model in map(self._model, models):
             key = self.key(model)
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError(
+                    f"key(model) returned {key!r} for model {model!r}: a watchdog key must "
+                    "be hashable (see attach(key=...))"
+                ) from None
             entry = members.get(key)
             other = entry[1]() if entry is not None else batch.get(key, model)
             if other is not model and other is not None:
@@ -493,6 +500,10 @@ def attach(
     key_of = _key_function(key)
 
     if watchdog is not None:
+        if not isinstance(watchdog, Watchdog):
+            raise ConfigError(
+                f"watchdog must be a stallguard.Watchdog returned by attach(), got {watchdog!r}"
+            )
         found = _ROUTERS.get(watchdog)
         if found is None:
             raise ConfigError(
