@@ -268,6 +268,30 @@ def test_a_stopped_runner_starts_again_and_checks_again() -> None:
     assert failed == [0, 1, 2]
 
 
+def test_start_while_a_timed_out_stop_still_waits_for_a_hook_is_refused() -> None:
+    clock = FakeClock()
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking_hook(expiry: sg.Expiry[object]) -> None:
+        entered.set()
+        release.wait(SAFETY)
+
+    wd = sg.Watchdog(SPEC, clock=clock, on_expire=blocking_hook)
+    wd.observe("r1", "Transferring")
+    clock.advance(120)
+    runner = sg.WatchdogThread(wd, wait=ThreadWaitBlocking()).start()
+    assert entered.wait(SAFETY)
+    with pytest.raises(TimeoutError):
+        runner.stop(timeout=0)
+    with pytest.raises(RuntimeError, match="is stopping; stop\\(\\) it before starting it again"):
+        runner.start()
+    release.set()
+    runner.stop(timeout=SAFETY)
+    runner.start()  # once the old thread has ended, it starts again
+    assert runner.is_alive()
+    runner.stop(timeout=SAFETY)
+
+
 def test_stop_refuses_a_bad_timeout() -> None:
     runner = sg.WatchdogThread(sg.Watchdog(SPEC, clock=FakeClock()))
     for bad in (float("nan"), -1, "1", True):
