@@ -17,7 +17,7 @@ import re
 import tempfile
 
 from _profiles import at_least
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import stallguard as sg
@@ -75,9 +75,33 @@ spec_tables = st.fixed_dictionaries(
         "extra": values,
     },
 )
+# near-valid: a deadlines table of distinct states, then the optional keys, each valid
+# or not
+good_seconds = st.one_of(
+    st.integers(min_value=1, max_value=10**6),
+    st.floats(min_value=1e-6, max_value=1e9),
+    st.just("none"),
+)
+good_tables = st.fixed_dictionaries(
+    {
+        "deadlines": st.dictionaries(
+            st.sampled_from(["A", "B", "Wait-Input"]), good_seconds, min_size=1
+        )
+    },
+    optional={
+        "terminal": st.just(["Success"]),
+        "lifetime": good_seconds | numbers,
+        "mode": st.sampled_from(["enforce", "report", "Report"]),
+        "memory": st.integers(min_value=0, max_value=10**20),
+        "deadlines_extra": values,
+    },
+)
 documents = st.one_of(
     st.fixed_dictionaries(
-        {"spec": st.dictionaries(st.sampled_from(NAMES), spec_tables, max_size=3)}
+        {"spec": st.dictionaries(st.sampled_from(NAMES[:6]), good_tables, min_size=1, max_size=3)}
+    ),
+    st.fixed_dictionaries(
+        {"spec": st.dictionaries(st.sampled_from(NAMES), good_tables | spec_tables, max_size=3)}
     ),
     st.dictionaries(st.sampled_from(["spec", "other"]), values, max_size=2),
 )
@@ -114,12 +138,17 @@ def assert_works(config: sg.WatchdogConfig) -> None:
 
 
 @FUZZ
-@given(document=documents, name=st.sampled_from([None, *NAMES]))
-def test_random_documents(document: dict, name: str | None) -> None:
+@given(document=documents, data=st.data())
+def test_random_documents(document: dict, data: st.DataObject) -> None:
+    specs = document.get("spec")
+    known = list(specs) if isinstance(specs, dict) else []
+    name = data.draw(st.sampled_from([None, *NAMES]) | st.sampled_from(known or [None]))
     try:
         config = sg.load_config(document, name=name, env={})
     except sg.ConfigError:
+        event("refused")
         return
+    event("loaded")
     assert_works(config)
 
 
@@ -168,10 +197,26 @@ TOML_LINES = [
 ]
 
 
+GOOD_TOML = ["[spec.kv_sender]", 'terminal = ["Success", "Failed"]', "[spec.kv_sender.deadlines]"]
+GOOD_LINES = [
+    "Transferring = { seconds = 120, stall = 30 }",
+    'Queued = "none"',
+    "A = 1",
+    "B = 0.5",
+    '"Wait-Input" = 5',
+    "A = nan",  # one bad line among them
+]
+
+
 @FUZZ
 @given(
-    lines=st.lists(st.sampled_from(TOML_LINES) | st.text(max_size=20), max_size=8),
-    noise=st.binary(max_size=12),
+    lines=st.one_of(
+        st.lists(st.sampled_from(TOML_LINES) | st.text(max_size=20), max_size=8),
+        st.lists(st.sampled_from(GOOD_LINES), min_size=1, max_size=3, unique=True).map(
+            lambda tail: GOOD_TOML + tail
+        ),
+    ),
+    noise=st.just(b"") | st.binary(max_size=12),
     where=st.integers(min_value=0, max_value=400),
 )
 def test_random_toml_files(lines: list[str], noise: bytes, where: int) -> None:
@@ -185,7 +230,9 @@ def test_random_toml_files(lines: list[str], noise: bytes, where: int) -> None:
             config = sg.load_config(path, env={})
         except sg.ConfigError as exc:
             assert str(exc).startswith(path)  # every file error names the file
+            event("refused")
             return
+    event("loaded")
     assert_works(config)
 
 
@@ -203,8 +250,10 @@ def test_random_environments(data: st.DataObject, names: list[str]) -> None:
     env = data.draw(environments(names))
     try:
         config = sg.load_config(document, name=name, env=env)
-    except sg.ConfigError:
+    except sg.ConfigError as exc:
+        event("refused: ambiguous" if "ambiguous" in str(exc) else "refused")
         return
+    event("loaded with overrides" if env else "loaded")
     assert_works(config)
     assert_overrides_applied(config, name, names, env)
 
