@@ -117,7 +117,9 @@ class _Raw:
         self.text = text
 
 
-def _unknown_key(source: str, table: str, key: object, value: object, allowed: tuple[str, ...]):
+def _unknown_key(
+    source: str, table: str, key: object, value: object, allowed: tuple[str, ...]
+) -> ConfigError:
     last = key[-1] if isinstance(key, tuple) else key
     close = difflib.get_close_matches(str(last), allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -137,7 +139,10 @@ def _parse_seconds(source: str, table: str, key: object, given: object) -> float
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _error(source, table, key, given, _SECONDS)
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond the float range (a 400-digit TOML integer)
+        raise _error(source, table, key, given, _SECONDS + " (too large)") from None
     if not math.isfinite(seconds) or seconds <= 0:
         raise _error(source, table, key, given, _SECONDS)
     return seconds
@@ -178,6 +183,18 @@ def _to_state(
         ) from None
 
 
+def _check_states(states: object) -> type[enum.Enum] | None:
+    if states is None or (isinstance(states, type) and issubclass(states, enum.Enum)):
+        return states
+    raise ConfigError(f"states must be an enum.Enum subclass or None, got {states!r}")
+
+
+def _check_str(argument: str, value: object, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not empty and not value):
+        raise ConfigError(f"{argument} must be a non-empty string, got {value!r}")
+    return value
+
+
 def parse_deadlines(
     table: Mapping[str, object],
     *,
@@ -204,8 +221,11 @@ def parse_deadlines(
         :class:`~stallguard.Spec` as ``deadlines``.
 
     Raises:
-        ConfigError: naming *source*, the key and the bad value.
+        ConfigError: naming *source*, the key and the bad value (or the bad argument).
     """
+    source = _check_str("source", source)
+    prefix = _check_str("prefix", prefix)
+    states = _check_states(states)
     if not isinstance(table, Mapping):
         raise ConfigError(
             f"{source}: {prefix} = {_show(table)}: must be a table of state = seconds"
@@ -220,7 +240,7 @@ def parse_deadlines(
 def _choice(source: str, table: str, key: str, value: object, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise _error(source, table, key, value, f"must be one of {', '.join(map(_show, allowed))}")
-    return value  # type: ignore[return-value]
+    return value  # type: ignore[return-value,unused-ignore]
 
 
 def _memory(source: str, table: str, key: str, value: object) -> int:
@@ -248,10 +268,14 @@ def parse_config_table(
         states: see :func:`parse_deadlines`.
 
     Raises:
-        ConfigError: naming *source*, the key and the bad value.
+        ConfigError: naming *source*, the key and the bad value (or the bad argument).
     """
+    name = _check_str("name", name)
+    source = _check_str("source", source)
+    states = _check_states(states)
     if prefix is None:
         prefix = f"spec.{_key(name)}"
+    prefix = _check_str("prefix", prefix)
     if not isinstance(table, Mapping):
         raise ConfigError(f"{source}: {prefix} = {_show(table)}: must be a table")
     for key, value in table.items():
@@ -308,27 +332,89 @@ _ENV_FORMS = (
 )
 
 
+def _env_head(env_prefix: str, name: str) -> str:
+    """The prefix of spec *name*'s environment variables: ``STALLGUARD_KV_SENDER_``."""
+    return f"{_env_name(env_prefix)}_{_env_name(name)}_"
+
+
+_SETTINGS = ("MODE", "UNKNOWN_STATE", "MEMORY", "LIFETIME")
+
+
+def _is_setting(rest: str, states: Mapping[str, list[State]]) -> bool:
+    """Whether *rest* (a variable name without its spec's head) names a setting of the
+    spec whose states, by environment name, are *states*."""
+    if rest in _SETTINGS:
+        return True
+    field, _, state_name = rest.partition("_")
+    return field in ("DEADLINE", "STALL") and state_name in states
+
+
+def _env_states(spec: Spec) -> dict[str, list[State]]:
+    """Environment name -> the spec's states (terminal ones too) that it names; two states
+    whose names differ only in punctuation (``Wait-Input``, ``Wait_Input``) share one."""
+    out: dict[str, list[State]] = {}
+    for state in (*spec.deadlines, *spec.terminal):
+        out.setdefault(_env_name(state_label(state)), []).append(state)
+    return out
+
+
+def _ours(
+    spec: Spec,
+    env: Mapping[str, str],
+    env_prefix: str,
+    others: tuple[str, ...],
+    states: Mapping[str, list[State]],
+) -> list[tuple[str, str]]:
+    """The environment variables addressed to *spec*, sorted; a variable that another
+    spec of the file could claim as well is refused (never guessed)."""
+    head = _env_head(env_prefix, spec.name)
+    twins = [o for o in others if o != spec.name and _env_head(env_prefix, o) == head]
+    # other specs whose prefix extends this one's (spec "kv" vs "kv_sender")
+    longer = {
+        o: h
+        for o in others
+        if o != spec.name
+        for h in (_env_head(env_prefix, o),)
+        if h != head and h.startswith(head)
+    }
+    ours = []
+    for var, value in env.items():
+        if not isinstance(var, str) or not var.startswith(head):
+            continue
+        if twins:
+            raise ConfigError(
+                f"environment: {var}: ambiguous: specs {spec.name!r} and {twins[0]!r} both "
+                f"read the variables {head}*; rename one of them so that their names differ "
+                "in more than punctuation and case"
+            )
+        rest = var[len(head) :]
+        owners = [o for o, h in longer.items() if var.startswith(h)]
+        if owners:
+            if _is_setting(rest, states):
+                other = max(owners, key=len)
+                raise ConfigError(
+                    f"environment: {var}: ambiguous: it is setting {rest} of spec "
+                    f"{spec.name!r} and setting {var[len(longer[other]) :]} of spec "
+                    f"{other!r}; rename one of the specs"
+                )
+            continue  # another spec's
+        if not isinstance(value, str):
+            raise _error("environment", "", var, value, "an environment value must be a string")
+        ours.append((var, value))
+    return sorted(ours)
+
+
 def _apply_env(
     config: WatchdogConfig, env: Mapping[str, str], env_prefix: str, others: tuple[str, ...]
 ) -> WatchdogConfig:
     spec = config.spec
-    head = f"{_env_name(env_prefix)}_{_env_name(spec.name)}_"
-    # names of other specs that extend this one's prefix (spec "kv" vs "kv_sender")
-    longer = tuple(
-        f"{_env_name(env_prefix)}_{_env_name(o)}_"
-        for o in others
-        if o != spec.name and f"{_env_name(env_prefix)}_{_env_name(o)}_".startswith(head)
-    )
-    ours = sorted(
-        (var, value)
-        for var, value in env.items()
-        if var.startswith(head) and not any(var.startswith(p) for p in longer)
-    )
+    states = _env_states(spec)
+    ours = _ours(spec, env, env_prefix, others, states)
     if not ours:
         return config
+    head = _env_head(env_prefix, spec.name)
     deadlines = dict(spec.deadlines)
-    by_env = {_env_name(state_label(s)): s for s in deadlines}
-    terminal = {_env_name(state_label(s)) for s in spec.terminal}
+    by_env = sorted(name for name, found in states.items() if found[0] in deadlines)
     changes: dict[str, Any] = {}
     spec_changes: dict[str, Any] = {}
     src = "environment"
@@ -341,7 +427,7 @@ def _apply_env(
         elif rest == "MEMORY":
             try:
                 number = int(value.strip())
-            except ValueError:
+            except ValueError:  # not an integer, or more digits than int() accepts
                 number = 0
             if number < 1:
                 raise _error(src, "", var, value, "must be a positive integer")
@@ -350,15 +436,26 @@ def _apply_env(
             spec_changes["lifetime"] = _parse_seconds(src, "", var, _env_number(value))
         elif rest.startswith(("DEADLINE_", "STALL_")):
             field, _, state_name = rest.partition("_")
-            state = by_env.get(state_name)
-            if state is None:
+            found = states.get(state_name, [])
+            if len(found) > 1:
+                names = " and ".join(repr(state_label(s)) for s in found)
+                raise _error(
+                    src,
+                    "",
+                    var,
+                    value,
+                    f"ambiguous: states {names} of spec {spec.name!r} are both {state_name} "
+                    "in an environment variable's name; rename one of them",
+                )
+            if not found or found[0] not in deadlines:
                 problem = (
                     f"{state_name} is a terminal state of spec {spec.name!r}; it has no deadline"
-                    if state_name in terminal
+                    if found
                     else f"spec {spec.name!r} has no state {state_name}; "
-                    f"its states here are {', '.join(sorted(by_env))}"
+                    f"its states here are {', '.join(by_env)}"
                 )
                 raise _error(src, "", var, value, problem)
+            state = found[0]
             seconds = _parse_seconds(src, "", var, _env_number(value))
             current = deadlines[state]
             if field == "DEADLINE":
@@ -404,14 +501,28 @@ def _read(source: str | os.PathLike[str]) -> tuple[str, Mapping[str, Any]]:
     else:  # pragma: no cover - exercised on 3.10 only
         import tomli as tomllib
 
-    label = os.fspath(source)
+    path = os.fspath(source)
+    label = os.fsdecode(path)
     try:
-        with open(label, "rb") as f:
-            return label, tomllib.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise ConfigError(f"{label}: cannot read the config file: {exc.strerror}") from None
+    except ValueError as exc:  # an embedded NUL in the path
+        raise ConfigError(f"{label!r}: not a usable file path: {exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{label}: not UTF-8 text (TOML files must be UTF-8): byte "
+            f"{data[exc.start]:#04x} at offset {exc.start} cannot be decoded"
+        ) from None
+    try:
+        return label, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: not valid TOML: {exc}") from None
+    except RecursionError:  # arrays or inline tables nested thousands deep
+        raise ConfigError(f"{label}: not valid TOML: values nested too deeply") from None
 
 
 def load_config(
@@ -454,8 +565,16 @@ def load_config(
         the watchdog.
 
     Raises:
-        ConfigError: naming the file, the key and the bad value.
+        ConfigError: naming the file, the key and the bad value (or the bad argument);
+            also for an override that two specs, or two states, could both claim
+            (names that differ only in punctuation or case).
     """
+    if name is not None:
+        name = _check_str("name", name)
+    env_prefix = _check_str("env_prefix", env_prefix)
+    states = _check_states(states)
+    if env is not _ENVIRON and env is not None and not isinstance(env, Mapping):
+        raise ConfigError(f"env must be a mapping of variable names to values or None, got {env!r}")
     if isinstance(source, Mapping):
         label, document = "<dict>", source
     elif isinstance(source, (str, os.PathLike)):
@@ -475,6 +594,8 @@ def load_config(
             "[spec.<name>] with a [spec.<name>.deadlines] table"
         )
     for spec_name, table in specs.items():
+        if not isinstance(spec_name, str) or not spec_name.strip():
+            raise _error(label, "spec", spec_name, table, "a spec name must be a non-empty string")
         if not isinstance(table, Mapping):
             raise _error(label, "spec", spec_name, table, "must be a table: [spec.<name>]")
     if name is None:

@@ -126,3 +126,6 @@ class Snapshot(Generic[K]):
     hook_errors: int
     #: Events dropped because their key had already concluded (a late ``observe``).
     late_events: int
+    #: Runner loops (``WatchdogThread``, ``run_watchdog``) ended by an error: each one
+    #: also logged at ERROR; see docs/runners.md.
+    runner_errors: int = 0

@@ -38,8 +38,17 @@ import anyio.lowlevel
 
 from ._errors import ConfigError, StallguardError
 from ._watchdog import Watchdog
+from .instrumentation import _metrics
 
-__all__ = ["AsyncWait", "ThreadWait", "WatchdogThread", "run_watchdog", "watching"]
+__all__ = [
+    "ASYNC_WAIT_MAX",
+    "THREAD_WAIT_MAX",
+    "AsyncWait",
+    "ThreadWait",
+    "WatchdogThread",
+    "run_watchdog",
+    "watching",
+]
 
 log = logging.getLogger("stallguard")
 
@@ -69,6 +78,31 @@ def _uninstall(watchdog: Watchdog[Any], waker: Callable[[], None]) -> None:
     for listener in watchdog.listeners:
         if listener.on_earlier_deadline is waker:
             listener.remove()
+
+
+#: The longest single wait the thread runner asks for, in seconds: what
+#: :meth:`threading.Event.wait` accepts (:data:`threading.TIMEOUT_MAX`, about 292 years
+#: on Linux). A later deadline is waited for in several rounds.
+THREAD_WAIT_MAX: float = threading.TIMEOUT_MAX
+#: The longest single wait the anyio runner asks for, in seconds (a day). asyncio and
+#: trio accept any finite timeout today (checked up to ``1e300``); the cap keeps the
+#: runner independent of an event loop's timer limits, for one extra wake-up a day.
+ASYNC_WAIT_MAX: float = 86_400.0
+
+
+def _runner_failed(watchdog: Watchdog[Any], runner: str, error: BaseException) -> None:
+    """A runner loop ended on *error*: say so at once, loudly, and count it."""
+    log.error(
+        "stallguard: %s of %r stopped: %s: %s; overdue requests of this watchdog are "
+        "no longer failed in the background",
+        runner,
+        watchdog,
+        type(error).__name__,
+        error,
+        exc_info=error,
+    )
+    watchdog._runner_failed()
+    _metrics._count_runner_error(watchdog.spec.name)
 
 
 def _clock(watchdog: Watchdog[Any]) -> Callable[[], float]:
@@ -162,6 +196,12 @@ async def run_watchdog(
     Works on asyncio and trio. ``on_expire`` and the instrumentation hooks run on this
     task, in the event loop's thread, so they may schedule work on the loop directly.
 
+    If the loop fails (``check()`` or *wait* raising an :class:`Exception`), the error is
+    logged at ERROR at once, counted in the watchdog's ``snapshot().runner_errors`` (and
+    the ``stallguard.runner.errors`` metric), and propagates to the task group. A single
+    wait is never longer than :data:`ASYNC_WAIT_MAX` seconds; a later deadline is waited
+    for in several rounds.
+
     Args:
         watchdog: the watchdog to run. One runner per watchdog.
         wait: how to wait (for tests): ``await wait(wake, timeout)`` returns once the
@@ -202,9 +242,12 @@ async def run_watchdog(
                 continue
             timeout = due - clock()
             if timeout > 0:
-                await wait(wake, timeout)
+                await wait(wake, min(timeout, ASYNC_WAIT_MAX))
             else:  # already due (a slow hook, or a coarse timer): check again, cancellably
                 await anyio.lowlevel.checkpoint()
+    except Exception as exc:  # cancellation is a BaseException: it passes untouched
+        _runner_failed(watchdog, "run_watchdog()", exc)
+        raise
     finally:
         _uninstall(watchdog, waker)
 
@@ -243,6 +286,20 @@ def _thread_wait(wake: threading.Event, timeout: float | None) -> None:
     wake.wait(timeout)
 
 
+class _Run:
+    """One run of a :class:`WatchdogThread`: its thread, stop flag and outcome."""
+
+    __slots__ = ("error", "stopping", "thread", "wake", "waker")
+
+    thread: threading.Thread
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.waker = self.wake.set  # one bound method, so that it can be uninstalled
+        self.stopping = False
+        self.error: BaseException | None = None
+
+
 class WatchdogThread:
     """Run a watchdog's deadline checks on one background thread, for synchronous
     programs.
@@ -252,6 +309,14 @@ class WatchdogThread:
     wakes it at once. ``on_expire`` and the instrumentation hooks run on this thread.
     One thread per watchdog, never one per request.
 
+    If anything ends the thread other than :meth:`stop` (``check()`` or *wait* raising,
+    an ``on_expire`` raising ``SystemExit``...), the error is logged at ERROR at once,
+    counted in the watchdog's ``snapshot().runner_errors`` (and the
+    ``stallguard.runner.errors`` metric), kept in :attr:`failure`, and re-raised by
+    :meth:`stop`.
+
+    A stopped runner can be started again (a new thread, same watchdog).
+
     Args:
         watchdog: the watchdog to run. One runner per watchdog.
         name: the thread's name (default ``"stallguard-<spec name>"``).
@@ -260,7 +325,11 @@ class WatchdogThread:
         wait: how to wait (for tests): ``wait(wake, timeout)`` returns once the
             :class:`threading.Event` *wake* is set or *timeout* seconds on the watchdog's
             clock have passed (``None``: no timeout). Default: ``wake.wait(timeout)``,
-            in real time.
+            in real time. *timeout* is never above :data:`threading.TIMEOUT_MAX`.
+
+    Raises:
+        ConfigError: for a *watchdog* that is not a :class:`~stallguard.Watchdog`, a
+            *name* that is not a string, a non-bool *daemon* or a non-callable *wait*.
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`::
 
@@ -281,59 +350,98 @@ class WatchdogThread:
             wait = _thread_wait
         elif not callable(wait):
             raise ConfigError(f"wait must be a callable (wake, timeout), got {wait!r}")
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"name must be a string or None, got {name!r}")
+        if not isinstance(daemon, bool):
+            raise ConfigError(f"daemon must be True or False, got {daemon!r}")
         self._wait = wait
-        self._wake = threading.Event()
-        self._waker = self._wake.set  # one bound method, so that it can be uninstalled
-        self._stopping = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run,
-            name=name if name is not None else f"stallguard-{watchdog.spec.name}",
-            daemon=daemon,
-        )
+        self._name = name if name is not None else f"stallguard-{watchdog.spec.name}"
+        self._daemon = daemon
+        self._control = threading.Lock()  # start() and stop() from several threads
+        self._run: _Run | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def name(self) -> str:
+        """The thread's name."""
+        return self._name
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that ended the last run, if one did (None while it runs, after a
+        clean stop, and before the first start). Cleared by :meth:`start`."""
+        return self._failure
 
     def start(self) -> WatchdogThread:
         """Start the thread; returns self. It is listening for deadlines on return.
 
+        A runner that was stopped (or that an error ended) starts again on a new
+        thread; :attr:`failure` is cleared.
+
         Raises:
-            RuntimeError: if this runner was started before.
+            RuntimeError: if this runner's thread is still running (not stopped, or a
+                :meth:`stop` that timed out and whose hook still blocks ``check()``).
         """
-        if self._thread.ident is not None:
-            raise RuntimeError(f"{self!r} was already started; a runner runs once")
-        _install(self.watchdog, self._waker)
-        try:
-            self._thread.start()
-        except BaseException:
-            _uninstall(self.watchdog, self._waker)
-            raise
+        with self._control:
+            run = self._run
+            if run is not None and run.thread.is_alive():
+                what = "is stopping" if run.stopping else "is already running"
+                raise RuntimeError(f"{self!r} {what}; stop() it before starting it again")
+            run = _Run()
+            thread = run.thread = threading.Thread(
+                target=self._loop, args=(run,), name=self._name, daemon=self._daemon
+            )
+            _install(self.watchdog, run.waker)
+            self._failure = None
+            self._run = run
+            try:
+                thread.start()
+            except BaseException:
+                _uninstall(self.watchdog, run.waker)
+                self._run = None
+                raise
         return self
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the thread and wait for it to end (up to *timeout* real seconds;
-        None: as long as it takes). Idempotent.
+        None: as long as it takes). Idempotent; a runner never started is left able
+        to start.
 
         Raises:
             TimeoutError: if the thread is still running after *timeout* (a hook is
                 blocking ``check()``); it stops once the hook returns.
-            Exception: whatever ``check()`` raised, if that is what ended the thread.
+            BaseException: whatever ended the thread (``check()`` or *wait* raising),
+                once; it stays in :attr:`failure` until the next :meth:`start`.
         """
-        self._stopping = True
-        self._wake.set()
-        if self._thread.ident is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-            if self._thread.is_alive():
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not timeout >= 0  # also refuses nan
+        ):
+            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        with self._control:
+            run = self._run
+            if run is None:
+                return
+            run.stopping = True
+            run.wake.set()
+        thread = run.thread
+        if thread is not threading.current_thread():
+            thread.join(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
+            if thread.is_alive():
                 raise TimeoutError(
                     f"{self!r} did not stop within {timeout}s: an on_expire or "
                     "instrumentation hook is blocking check()"
                 )
-        _uninstall(self.watchdog, self._waker)
-        error, self._error = self._error, None
+        _uninstall(self.watchdog, run.waker)
+        error, run.error = run.error, None
         if error is not None:
             raise error
 
     def is_alive(self) -> bool:
         """True while the thread runs."""
-        return self._thread.is_alive()
+        run = self._run
+        return run is not None and run.thread.is_alive()
 
     def __enter__(self) -> WatchdogThread:
         return self.start()
@@ -347,17 +455,22 @@ class WatchdogThread:
         self.stop()
 
     def __repr__(self) -> str:
-        state = "running" if self._thread.is_alive() else "stopped"
-        return f"<stallguard.WatchdogThread {self._thread.name!r} {state}>"
+        if self.is_alive():
+            state = "running"
+        elif self._failure is not None:
+            state = f"failed ({type(self._failure).__name__})"
+        else:
+            state = "stopped"
+        return f"<stallguard.WatchdogThread {self._name!r} {state}>"
 
-    def _run(self) -> None:
-        watchdog, wake, wait = self.watchdog, self._wake, self._wait
+    def _loop(self, run: _Run) -> None:
+        watchdog, wake, wait = self.watchdog, run.wake, self._wait
         clock = _clock(watchdog)
         try:
-            while not self._stopping:
+            while not run.stopping:
                 watchdog.check()
                 wake.clear()
-                if self._stopping:
+                if run.stopping:
                     break
                 due = watchdog.next_deadline()
                 if due is None:
@@ -365,9 +478,10 @@ class WatchdogThread:
                     continue
                 timeout = due - clock()
                 if timeout > 0:
-                    wait(wake, timeout)
+                    wait(wake, min(timeout, THREAD_WAIT_MAX))
         except BaseException as exc:
-            self._error = exc
-            log.exception("stallguard: %r stopped: check() raised", self)
+            run.error = exc
+            self._failure = exc
+            _runner_failed(watchdog, repr(self), exc)
         finally:
-            _uninstall(watchdog, self._waker)
+            _uninstall(watchdog, run.waker)

@@ -369,6 +369,7 @@ class Watchdog(Generic[K]):
         self._hook_errors = 0
         self._late = 0
         self._unknown = 0
+        self._runner_errors = 0
         # expiries an interrupted check() could not hand to every hook: (expiry, hooks)
         self._carry: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]] = []
         self._listeners: tuple[Listener, ...] = ()
@@ -964,6 +965,7 @@ class Watchdog(Generic[K]):
                 expired=self._expired,
                 hook_errors=self._hook_errors,
                 late_events=self._late,
+                runner_errors=self._runner_errors,
             )
 
     # ------------------------------------------------------------------ internals
@@ -1006,6 +1008,11 @@ class Watchdog(Generic[K]):
             )
         with self._lock:
             self._unknown += 1
+
+    def _runner_failed(self) -> None:
+        """Count a runner loop that an error ended (called by the runner)."""
+        with self._lock:
+            self._runner_errors += 1
 
     def _untrack(self, rec: _Rec, how: bool | None) -> None:
         """Drop every trace of *rec* but its key's tombstone (*how*; None: none) (lock

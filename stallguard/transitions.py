@@ -18,6 +18,7 @@ import enum
 import inspect
 import logging
 import operator
+import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable
@@ -44,20 +45,44 @@ _ROUTERS: weakref.WeakKeyDictionary[Watchdog[Any], _Router] = weakref.WeakKeyDic
 _ATTACHED: weakref.WeakKeyDictionary[Any, _Attachment] = weakref.WeakKeyDictionary()
 
 
+class _Strong:
+    """Stands in for a weak reference to a model that cannot have one (a class with
+    ``__slots__`` and no ``__weakref__``): such a model is held while attached."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self) -> Any:
+        return self.model
+
+
+def _reference(model: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(model)
+    except TypeError:
+        return _Strong(model)
+
+
 class _Router:
     """A watchdog's ``on_expire``: finds the model behind an expired key and fires the
     action its machine's attachment configured."""
 
     def __init__(self) -> None:
-        # key -> (attachment, model); the only strong reference stallguard keeps to a model
-        self.members: dict[Hashable, tuple[_Attachment, Any]] = {}
+        # key -> (attachment, reference to the model). Models are held weakly: a model
+        # refers to its machine (its trigger methods are bound to it), so a strong
+        # reference here would keep every attached machine alive as long as the watchdog.
+        self.members: dict[Hashable, tuple[_Attachment, Callable[[], Any]]] = {}
 
     def __call__(self, expiry: Expiry[Any]) -> None:
         entry = self.members.get(expiry.key)
         if entry is None:  # removed from its machine between the expiry and this hook
             return
-        attachment, model = entry
-        attachment.fire(model, expiry)
+        attachment, ref = entry
+        model = ref()
+        if model is not None:
+            attachment.fire(model, expiry)
 
 
 def _key_function(key: object) -> Callable[[Any], Hashable]:
@@ -68,7 +93,7 @@ def _key_function(key: object) -> Callable[[Any], Hashable]:
             raise ConfigError(f"key must be an attribute name or a callable, got {key!r}")
         return operator.attrgetter(key)
     if callable(key):
-        return key  # type: ignore[return-value]
+        return key  # type: ignore[return-value,unused-ignore]
     raise ConfigError(f"key must be None (id(model)), an attribute name or a callable, got {key!r}")
 
 
@@ -86,7 +111,10 @@ class _Attachment:
         callback: Callable[[Any, Expiry[Any]], object] | None,
         loop: asyncio.AbstractEventLoop | None,
     ) -> None:
-        self.machine = machine
+        # The machine is held weakly: attaching must not keep it alive. (The methods
+        # installed on it hold this attachment, so the machine keeps its watchdog.)
+        self._machine = weakref.ref(machine)
+        self.label = _label(machine)
         self.watchdog = watchdog
         self.router = router
         self.key = key
@@ -100,6 +128,13 @@ class _Attachment:
         self.tasks: set[asyncio.Future[Any] | concurrent.futures.Future[Any]] = set()
         self.saved: dict[str, Any] = {}
         self.sync: Callable[[Any], None] = self._make_sync()
+
+    @property
+    def machine(self) -> Any:
+        machine = self._machine()
+        if machine is None:  # pragma: no cover - only reachable from a dying machine
+            raise StallguardError(f"{self.label} was garbage-collected")
+        return machine
 
     # ------------------------------------------------------------------ install
 
@@ -126,32 +161,40 @@ class _Attachment:
                 sync(model)
 
         def observed_add_model(model: Any, *args: Any, **kwargs: Any) -> None:
-            self.join(listify(model))
+            self.join(list(listify(model)))
             add_model(model, *args, **kwargs)
 
         def observed_remove_model(model: Any, *args: Any, **kwargs: Any) -> None:
             remove_model(model, *args, **kwargs)
-            self.leave(listify(model))
+            self.leave(list(listify(model)))
 
         self.join(list(machine.models))  # first: it raises on a key shared by two models
         machine.set_state = observed_set_state
         machine.add_model = observed_add_model
         machine.remove_model = observed_remove_model
         _ATTACHED[machine] = self
+        self.finalizer = weakref.finalize(machine, _collected, self)
+        self.finalizer.atexit = False
         for model in machine.models:
             sync(model)
 
     def uninstall(self) -> None:
         machine = self.machine
+        self.finalizer.detach()
         for name, saved in self.saved.items():
             if saved is _UNSET:
                 machine.__dict__.pop(name, None)
             else:
                 machine.__dict__[name] = saved
         _ATTACHED.pop(machine, None)
-        for key, (attachment, _model) in list(self.router.members.items()):
+        self.forget_models()
+
+    def forget_models(self) -> None:
+        """Unregister every model of this attachment and stop tracking it."""
+        members = self.router.members
+        for key, (attachment, _ref) in list(members.items()):
             if attachment is self:
-                del self.router.members[key]
+                del members[key]
                 self.watchdog.forget(key, remember=False)
 
     # ------------------------------------------------------------------ models
@@ -165,9 +208,16 @@ class _Attachment:
         batch: dict[Hashable, Any] = {}
         for model in map(self._model, models):
             key = self.key(model)
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError(
+                    f"key(model) returned {key!r} for model {model!r}: a watchdog key must "
+                    "be hashable (see attach(key=...))"
+                ) from None
             entry = members.get(key)
-            other = entry[1] if entry is not None else batch.get(key, model)
-            if other is not model:
+            other = entry[1]() if entry is not None else batch.get(key, model)
+            if other is not model and other is not None:
                 raise ConfigError(
                     f"key {key!r} of model {model!r} is already used by model {other!r}: "
                     "each attached model needs its own key (see attach(key=...))"
@@ -175,7 +225,7 @@ class _Attachment:
             batch[key] = model
         watchdog = self.watchdog
         for key, model in batch.items():
-            members[key] = (self, model)
+            members[key] = (self, _reference(model))
             if key not in watchdog:
                 # a new life for this key: a stale conclusion must not drop its states
                 watchdog.forget(key, remember=False)
@@ -186,7 +236,7 @@ class _Attachment:
         for model in map(self._model, models):
             key = self.key(model)
             entry = members.get(key)
-            if entry is not None and entry[0] is self and entry[1] is model:
+            if entry is not None and entry[0] is self and entry[1]() is model:
                 del members[key]
                 self.watchdog.forget(key, remember=False)
 
@@ -207,7 +257,7 @@ class _Attachment:
         def sync(model: Any) -> None:
             key = key_of(model)
             entry = members.get(key)
-            if entry is None or entry[1] is not model:
+            if entry is None or entry[1]() is not model:
                 return  # removed from the machine: its leftover triggers change nothing
             value = getattr(model, attribute)
             label = value.name if isinstance(value, enum_type) else value
@@ -229,7 +279,10 @@ class _Attachment:
             result = self.callback(model, expiry)
             what = f"callback {self.callback!r}"
         elif self.trigger is not None:
-            result = self.machine.events[self.trigger].trigger(model)
+            machine = self._machine()
+            if machine is None:  # collected while check() ran; its finalizer forgets
+                return
+            result = machine.events[self.trigger].trigger(model)
             what = f"trigger {self.trigger!r}"
         else:
             return
@@ -280,6 +333,27 @@ class _Attachment:
             log.error("stallguard: %s for expired model %r failed", what, model, exc_info=error)
         elif task.result() is False and self.callback is None:
             log.warning("stallguard: %s on expired model %r did not run", what, model)
+
+
+def _collected(attachment: _Attachment) -> None:
+    """An attached machine was garbage-collected: forget its models' requests.
+
+    This runs inside the garbage collector, in whatever thread triggered it, possibly
+    one that holds the watchdog's lock (the collector runs at any allocation). Forgetting
+    needs that lock, so it is done here only when the lock is free; otherwise on a
+    short-lived thread, which waits for the lock's holder to release it.
+    """
+    lock = getattr(attachment.watchdog, "_lock", None)
+    if lock is not None and lock.acquire(blocking=False):
+        lock.release()  # free, so not held by this thread: forgetting cannot deadlock
+        attachment.forget_models()
+        return
+    try:
+        threading.Thread(
+            target=attachment.forget_models, name="stallguard-transitions-forget", daemon=True
+        ).start()
+    except RuntimeError:  # interpreter shutdown: nothing is left to forget for
+        pass
 
 
 def _label(machine: Any) -> str:
@@ -426,8 +500,12 @@ def attach(
     key_of = _key_function(key)
 
     if watchdog is not None:
-        router = _ROUTERS.get(watchdog)  # type: ignore[arg-type]
-        if router is None:
+        if not isinstance(watchdog, Watchdog):
+            raise ConfigError(
+                f"watchdog must be a stallguard.Watchdog returned by attach(), got {watchdog!r}"
+            )
+        found = _ROUTERS.get(watchdog)
+        if found is None:
             raise ConfigError(
                 f"watchdog {watchdog!r} was not created by stallguard.transitions.attach(), "
                 "so it cannot fire triggers on models; pass a spec instead, or a watchdog "
@@ -447,6 +525,7 @@ def attach(
                 f"spec {spec.name!r} differs from the spec of watchdog {watchdog!r}; "
                 "omit spec to use the watchdog's"
             )
+        router = found
     elif not isinstance(spec, Spec):
         raise ConfigError(f"spec must be a stallguard.Spec, got {spec!r}")
     _validate(machine, spec, trigger)

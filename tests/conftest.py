@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from stallguard.instrumentation import set_on_expire_hooks
+
+# A longer run of every property test, for local hunting (docs/testing.md):
+#   HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest tests/...
+# or pytest's --hypothesis-profile=long. Tests that set their own max_examples size it
+# with tests/_profiles.py's at_least(), so the profile raises it too.
+settings.register_profile("long", max_examples=5_000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(autouse=True)

@@ -6,9 +6,14 @@ its own (the gauges read every live watchdog of the process), and moves a FakeCl
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 
 import pytest
+from _profiles import at_least
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -298,9 +303,53 @@ def test_without_state_durations_on_leave_stays_free():
         ({"state_duration_buckets": [-1, 1]}, r"non-negative.*got \[-1, 1\]"),
         ({"state_duration_buckets": ["1"]}, r"got \['1'\]"),
         ({"state_duration_buckets": 10}, r"got 10"),
+        # issue 10, point 8: each of these used to pass, and the SDK then refused records
+        ({"state_duration_buckets": [1, float("nan"), 3]}, r"got \[1, nan, 3\]: nan is not"),
+        ({"state_duration_buckets": [1, float("inf")]}, r"got \[1, inf\]: inf is not a finite"),
+        ({"state_duration_buckets": [1, 10**400]}, r"got \[1, 1000.*too large for a float"),
+        ({"state_duration_buckets": "123"}, r"got '123': a str is not a sequence"),
+        ({"state_duration_buckets": {1: 2}}, r"got \{1: 2\}: a dict is not a sequence"),
+        ({"state_duration_buckets": [1, 1]}, r"got \[1, 1\]: 1 does not increase on 1.0"),
+        ({"state_duration_buckets": None}, r"got None: a NoneType is not a sequence"),
     ],
 )
 def test_enable_metrics_rejects_bad_arguments(kwargs, message):
     with pytest.raises(sg.ConfigError, match=message):
         si.enable_metrics(**kwargs)
     assert not sg.Watchdog(spec("m_bad"), clock=FakeClock()).listeners  # nothing enabled
+
+
+@settings(max_examples=at_least(200), deadline=None)
+@given(
+    buckets=st.lists(
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.integers(min_value=-5, max_value=10**400),
+            st.booleans(),
+            st.text(max_size=2),
+            st.none(),
+        ),
+        max_size=6,
+    )
+)
+def test_any_bucket_list_is_taken_exactly_when_the_sdk_can_use_it(buckets: list) -> None:
+    """Accepted buckets are finite, non-negative, strictly increasing floats and make a
+    histogram that records; anything else is a ConfigError naming the argument."""
+    try:
+        taken = si._metrics._valid_buckets(buckets)
+    except sg.ConfigError as exc:
+        assert str(exc).startswith("enable_metrics(state_duration_buckets=...) must be")
+        assert repr(buckets) in str(exc)
+        return
+    assert taken and all(math.isfinite(b) and b >= 0 for b in taken)
+    assert all(a < b for a, b in itertools.pairwise(taken))
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("bucket-check")
+    histogram = meter.create_histogram("h", explicit_bucket_boundaries_advisory=list(taken))
+    histogram.record(1.5)
+    data = reader.get_metrics_data()
+    [metric] = data.resource_metrics[0].scope_metrics[0].metrics
+    [point] = metric.data.data_points
+    assert point.count == 1 and list(point.explicit_bounds) == list(taken)
+    provider.shutdown()

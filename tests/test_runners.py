@@ -260,6 +260,14 @@ class ThreadScriptedWait:
         return self.calls.get(timeout=SAFETY)
 
 
+def ended(runner: sg.WatchdogThread) -> None:
+    """Wait (safety-bounded) until *runner*'s thread has ended by itself."""
+    run = runner._run
+    assert run is not None
+    run.thread.join(SAFETY)
+    assert not run.thread.is_alive()
+
+
 def test_thread_expires_in_order_and_stops_cleanly() -> None:
     clock = FakeClock()
     failed: list[tuple[object, float, str]] = []
@@ -310,7 +318,7 @@ def test_thread_runners_share_a_watchdog_and_one_start() -> None:
         with sg.WatchdogThread(wd, wait=ThreadScriptedWait(clock, advance=False)):
             assert len(wd.listeners) == 2  # a second runner listens beside the first
         assert len(wd.listeners) == 1
-        with pytest.raises(RuntimeError, match="already started"):
+        with pytest.raises(RuntimeError, match="is already running"):
             runner.start()
     with pytest.raises(sg.ConfigError, match="wait must be a callable"):
         sg.WatchdogThread(wd, wait=42)  # type: ignore[arg-type]
@@ -327,7 +335,7 @@ def test_thread_stop_raises_what_ended_it() -> None:
 
     wd.check = broken  # type: ignore[method-assign]
     runner = sg.WatchdogThread(wd, wait=ThreadScriptedWait(clock, advance=False)).start()
-    runner._thread.join(SAFETY)
+    ended(runner)
     assert not runner.is_alive() and calls == [None]
     with pytest.raises(RuntimeError, match="bug in check"):
         runner.stop()

@@ -309,11 +309,22 @@ def test_machine_states_the_spec_lacks_are_refused() -> None:
         ),
         ({"callback": 3}, r"callback must be callable, got 3"),
         ({"loop": 3}, r"loop must be an asyncio event loop, got 3"),
+        # issue 10: these raised a raw TypeError from inside a weak dictionary
+        ({"watchdog": 3}, r"watchdog must be a stallguard.Watchdog returned by attach\(\), got 3"),
+        ({"watchdog": "wd"}, r"watchdog must be a stallguard.Watchdog .*got 'wd'"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(sg.ConfigError, match=message):
         sgt.attach(build(), SPEC, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_key_function_returning_an_unhashable_key_is_refused() -> None:
+    machine = build()
+    sgt.attach(machine, SPEC, key=lambda model: [model.name], clock=FakeClock())
+    with pytest.raises(sg.ConfigError, match=r"key\(model\) returned \['a'\] for model "):
+        machine.add_model(Transfer("a"))
+    assert machine.models == []  # refused before transitions registered it
 
 
 def test_lifetime_makes_every_deadlined_state_expirable() -> None:

@@ -8,10 +8,11 @@ not want metrics pays one truth test per state change and nothing else.
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from itertools import pairwise
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
@@ -27,6 +28,7 @@ __all__ = [
     "METRIC_EXPIRIES",
     "METRIC_OLDEST_AGE",
     "METRIC_REQUESTS",
+    "METRIC_RUNNER_ERRORS",
     "METRIC_STATE_DURATION",
     "disable_metrics",
     "enable_metrics",
@@ -45,6 +47,10 @@ METRIC_REQUESTS = "stallguard.requests"
 #: Observable gauge of the age, in seconds, of the longest-waiting request in a state
 #: (0 when the state is empty); attributes ``stallguard.spec``, ``stallguard.state``.
 METRIC_OLDEST_AGE = "stallguard.state.oldest_age"
+#: Counter of runner loops (``WatchdogThread``, ``run_watchdog``) that an error ended;
+#: attribute ``stallguard.spec``. Anything above 0 means overdue requests of that spec
+#: are no longer failed in the background (docs/runners.md).
+METRIC_RUNNER_ERRORS = "stallguard.runner.errors"
 
 #: Histogram bucket boundaries (seconds) for :data:`METRIC_STATE_DURATION`: fine below a
 #: second (healthy transfers), then dense from 10 s to 30 min, where KV transfer and
@@ -89,7 +95,9 @@ class _Metrics:
         from opentelemetry import metrics
 
         meter = metrics.get_meter(
-            INSTRUMENTATION_SCOPE, _scope_version(), meter_provider=meter_provider
+            INSTRUMENTATION_SCOPE,
+            _scope_version(),  # type: ignore[arg-type]  # None is accepted at runtime
+            meter_provider=meter_provider,
         )
         self.provider = meter_provider
         # watchdog -> the on_leave recorder installed on it (to remove only our own)
@@ -99,6 +107,11 @@ class _Metrics:
             METRIC_EXPIRIES,
             unit="{expiry}",
             description="Requests that overstayed a stallguard deadline (forced or reported)",
+        )
+        self.runner_errors = meter.create_counter(
+            METRIC_RUNNER_ERRORS,
+            unit="{error}",
+            description="stallguard runner loops ended by an error (the runner is gone)",
         )
         self.duration: Any = None
         if buckets is not None:
@@ -210,22 +223,39 @@ class _Metrics:
         ]
 
 
+def _count_runner_error(spec: str) -> None:
+    """Count a runner loop that an error ended (called by the runners)."""
+    current = _current
+    if current is not None:
+        current.runner_errors.add(1, {"stallguard.spec": spec})
+
+
 def _valid_buckets(buckets: object) -> tuple[float, ...]:
-    try:
-        values = tuple(buckets)  # type: ignore[call-overload]
-    except TypeError:
-        values = None
-    if (
-        not values
-        or any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in values)
-        or any(b < 0 for b in values)
-        or any(a >= b for a, b in pairwise(values))
-    ):
-        raise ConfigError(
-            f"enable_metrics(state_duration_buckets=...) must be a non-empty sequence of "
-            f"increasing non-negative seconds, got {buckets!r}"
+    def refuse(problem: str) -> ConfigError:
+        return ConfigError(
+            "enable_metrics(state_duration_buckets=...) must be a non-empty sequence of "
+            f"increasing, finite, non-negative numbers of seconds, got {buckets!r}: {problem}"
         )
-    return tuple(float(b) for b in values)
+
+    if isinstance(buckets, (str, bytes, Mapping)) or not isinstance(buckets, Iterable):
+        raise refuse(f"a {type(buckets).__name__} is not a sequence of numbers")
+    values = tuple(buckets)
+    if not values:
+        raise refuse("it is empty")
+    out: list[float] = []
+    for b in values:
+        if isinstance(b, bool) or not isinstance(b, numbers.Real):
+            raise refuse(f"{b!r} is not a number")
+        try:
+            seconds = float(b)
+        except OverflowError:
+            raise refuse(f"{b!r} is too large for a float") from None
+        if not math.isfinite(seconds) or seconds < 0:
+            raise refuse(f"{b!r} is not a finite, non-negative number")
+        if out and seconds <= out[-1]:
+            raise refuse(f"{b!r} does not increase on {out[-1]!r}")
+        out.append(seconds)
+    return tuple(out)
 
 
 def enable_metrics(
@@ -245,6 +275,8 @@ def enable_metrics(
       and state. Choose a deadline from its upper percentiles. It is recorded by an
       ``on_leave`` listener on each watchdog (:meth:`~stallguard.Watchdog.add_listener`),
       beside any other listener.
+    * :data:`METRIC_RUNNER_ERRORS` (``stallguard.runner.errors``): a counter of runner
+      loops ended by an error, by spec (docs/runners.md).
     * :data:`METRIC_REQUESTS` and :data:`METRIC_OLDEST_AGE`: observable gauges of the
       tracked requests and of the oldest request's age, per spec and state, summed
       (count) or maxed (age) over the live watchdogs of a spec, read when the metric
@@ -264,8 +296,10 @@ def enable_metrics(
             configured by the application takes precedence).
 
     Raises:
-        ConfigError: for a *meter_provider* without ``get_meter()``, a non-bool
-            *state_durations*, or invalid buckets.
+        ConfigError: naming the argument and its value: a *meter_provider* without
+            ``get_meter()``, a non-bool *state_durations*, or buckets that are not a
+            non-empty, strictly increasing sequence of finite, non-negative numbers
+            (``nan``, ``inf``, a string, an int too large for a float are refused).
     """
     global _current
     if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
