@@ -885,6 +885,7 @@ class Watchdog(Generic[K]):
                 else:
                     result = fn(arg)  # type: ignore[call-arg]
                     k = key(arg)
+                s: Any
                 if to_state is None:
                     s = result
                 else:
@@ -1124,7 +1125,8 @@ class Watchdog(Generic[K]):
             # it, and hands each to the hooks it has not reached yet (none for those
             # already done).
             expiry, hooks = work[i]
-            rest = [(e, ()) for e, _ in work[:i]]
+            none: tuple[Callable[[Expiry[K]], object], ...] = ()
+            rest = [(e, none) for e, _ in work[:i]]
             rest += [(expiry, hooks[j + 1 :]), *work[i + 1 :]]
             with self._lock:
                 self._carry[:0] = rest
