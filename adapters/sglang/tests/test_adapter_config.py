@@ -312,3 +312,19 @@ def test_deadline_values_are_finite():
     assert config.prefill.deadlines["Transferring"].seconds == 0.5
     with pytest.raises(ConfigError, match="Transferring = inf"):
         parse_config({"prefill": {"deadlines": {"Transferring": math.inf}}})
+
+
+def test_counter_labels_copy_sglangs_scheduler_labels():
+    from types import SimpleNamespace
+
+    from stallguard_sglang._metrics import LABELS, scheduler_labels
+
+    sglang_labels = {"model_name": "m", "engine_type": "prefill", "tp_rank": 3, "dp_rank": None}
+    sched = SimpleNamespace(metrics_collector=SimpleNamespace(labels=sglang_labels))
+    assert scheduler_labels(sched, tp_rank=7) == {
+        "model_name": "m",
+        "engine_type": "prefill",
+        "tp_rank": "3",  # SGLang's value wins: the two must join
+        "dp_rank": "",  # absent, not "None"
+    }
+    assert LABELS == ("queue", "backend", "state")

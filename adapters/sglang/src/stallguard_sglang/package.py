@@ -6,8 +6,8 @@ from the installed distribution's metadata and features from its files.
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import sys
 
 TYPE_CHECKING = False  # (not typing's: see the note below)
 if TYPE_CHECKING:
@@ -24,9 +24,10 @@ __all__ = [
     "supported_specifier",
 ]
 
-# (importlib.metadata and packaging are imported inside the functions that need them:
-# the .pth activation imports this module at every interpreter start when the adapter
-# is enabled, and importing importlib.metadata alone costs tens of milliseconds)
+# (importlib.metadata, importlib.util and packaging are imported inside the functions
+# that need them, or not at all: the .pth activation imports this module at interpreter
+# start-up when the adapter is enabled, and importing importlib.metadata alone costs tens
+# of milliseconds)
 
 #: The SGLang releases the adapter supports: a PEP 440 specifier, checked with
 #: ``packaging`` everywhere (:func:`is_supported`, ``python -m stallguard_sglang``, the
@@ -106,11 +107,23 @@ def nixl_has_bootstrap_timeout(version: str | None = None) -> bool:
 
 def has_plugin_framework() -> bool:
     """True if the installed SGLang has the plugin framework (``sglang.srt.plugins``,
-    entry-point group ``sglang.srt.plugins``). Checks the file, without importing SGLang."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
+    entry-point group ``sglang.srt.plugins``). Checks the file, without importing SGLang
+    (and without ``importlib.util``, whose imports cost milliseconds at start-up)."""
+    module = sys.modules.get("sglang")
+    locations = getattr(getattr(module, "__spec__", None), "submodule_search_locations", None)
+    if module is None:
+        # what importlib.util.find_spec does for a top-level name not yet imported
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is None:
+                continue
+            spec = find_spec("sglang", None)
+            if spec is not None:
+                locations = spec.submodule_search_locations
+                break
+    if not locations:
         return False
     return any(
         os.path.exists(os.path.join(location, "srt", "plugins", "__init__.py"))
-        for location in spec.submodule_search_locations
+        for location in locations
     )
