@@ -9,7 +9,6 @@ message names the file (or ``<dict>``, or ``environment``), the key and the bad 
 
 from __future__ import annotations
 
-import difflib
 import enum
 import json
 import math
@@ -24,6 +23,7 @@ import attrs
 from ._details import Mode
 from ._errors import ConfigError
 from ._spec import Deadline, Spec, State, state_label
+from ._validate import did_you_mean
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -121,8 +121,7 @@ def _unknown_key(
     source: str, table: str, key: object, value: object, allowed: tuple[str, ...]
 ) -> ConfigError:
     last = key[-1] if isinstance(key, tuple) else key
-    close = difflib.get_close_matches(str(last), allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(last, allowed)
     return _error(
         source, table, key, value, f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
     )

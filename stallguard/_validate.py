@@ -25,11 +25,10 @@ DEFAULT_MEMORY = 65_536
 
 
 def did_you_mean(value: object, allowed: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest of *allowed*, or ``""``."""
-    if not isinstance(value, str):
-        return ""
-    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    """``" (did you mean 'x'?)"`` for the closest of *allowed* to *value*, or ``""``.
+    The one hint every config error uses (the core's and the adapters')."""
+    close = difflib.get_close_matches(str(value), list(allowed), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def check_seconds(where: str, value: object) -> float | None:

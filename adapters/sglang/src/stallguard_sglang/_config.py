@@ -15,6 +15,9 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from stallguard import ConfigError, Deadline, parse_deadlines
+from stallguard._config import did_you_mean
+
+from ._kvpoll import LIVE_STATES, TERMINAL_STATES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,9 +42,6 @@ ENV_CONFIG = "STALLGUARD_SGLANG_CONFIG"
 #: :data:`ENV_CONFIG` is set (a kill switch for operators).
 ENV_ENABLE = "STALLGUARD_SGLANG"
 
-#: The non-terminal ``KVPoll`` states, the ones that take a deadline.
-LIVE_STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
-_TERMINAL = ("Success", "Failed")
 #: Transfer backends with a profile (``--disaggregation-transfer-backend``; ``fake`` is
 #: also what warmup and health-check requests use on every backend).
 BACKENDS = ("nixl", "mooncake", "ascend", "mori", "fake")
@@ -208,8 +208,9 @@ def _error(source: str, table: str, key: str, value: Any, problem: str) -> Confi
 def _only(table: Mapping[str, Any], allowed: tuple[str, ...], where: str, source: str) -> None:
     for key, value in table.items():
         if key not in allowed:
+            hint = did_you_mean(key, allowed)
             raise _error(
-                source, where, key, value, f"unknown key; allowed keys: {', '.join(allowed)}"
+                source, where, key, value, f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
             )
 
 
@@ -224,8 +225,9 @@ def _table(parent: Mapping[str, Any], key: str, source: str, where: str = "") ->
 def _mode(table: Mapping[str, Any], where: str, allowed: tuple[str, ...], source: str) -> Any:
     value = table.get("mode", allowed[0])
     if value not in allowed:
+        hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
         raise _error(
-            source, where, "mode", value, f"must be one of {', '.join(map(_fmt, allowed))}"
+            source, where, "mode", value, f"must be one of {', '.join(map(_fmt, allowed))}{hint}"
         )
     return value
 
@@ -238,8 +240,8 @@ def _deadlines(table: Mapping[str, Any], where: str, source: str) -> Mapping[str
         if state not in LIVE_STATES:
             hint = (
                 f"{state} is terminal and takes no deadline"
-                if state in _TERMINAL
-                else "not a KVPoll state that takes a deadline"
+                if state in TERMINAL_STATES
+                else "not a KVPoll state that takes a deadline" + did_you_mean(state, LIVE_STATES)
             )
             raise _error(
                 source,
@@ -268,7 +270,8 @@ def _prefill(table: Mapping[str, Any], source: str) -> PrefillConfig:
                 "prefill.backends",
                 name,
                 sub,
-                f"unknown transfer backend; known: {', '.join(BACKENDS)}",
+                f"unknown transfer backend{did_you_mean(name, BACKENDS)}; known: "
+                + ", ".join(BACKENDS),
             )
         if not isinstance(sub, Mapping):
             raise _error(
