@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._advice import Advice, StateAdvice, advise, statistics_from_prometheus
 from ._config import (
     WatchdogConfig,
     load_config,
@@ -21,12 +22,15 @@ from ._details import Expiry, Mode, Reason, Snapshot, StateSummary, TrackedReque
 from ._errors import ConfigError, StallguardError, UnknownStateError
 from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
 from ._spec import Deadline, Spec, State, state_label
+from ._stats import Distribution, StateStatistics, Statistics
 from ._watchdog import Watchdog
 
 __all__ = [
+    "Advice",
     "AsyncWait",
     "ConfigError",
     "Deadline",
+    "Distribution",
     "Expiry",
     "Mode",
     "Reason",
@@ -34,19 +38,24 @@ __all__ = [
     "Spec",
     "StallguardError",
     "State",
+    "StateAdvice",
+    "StateStatistics",
     "StateSummary",
+    "Statistics",
     "ThreadWait",
     "TrackedRequest",
     "UnknownStateError",
     "Watchdog",
     "WatchdogConfig",
     "WatchdogThread",
+    "advise",
     "load_config",
     "load_spec",
     "parse_config_table",
     "parse_deadlines",
     "run_watchdog",
     "state_label",
+    "statistics_from_prometheus",
     "watching",
 ]
 

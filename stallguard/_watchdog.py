@@ -32,9 +32,11 @@ from typing import Any, Generic, ParamSpec, TypeVar, cast
 import attrs
 
 from . import instrumentation as _instrumentation
+from ._advice import Advice, advise
 from ._details import Expiry, Mode, Snapshot, StateSummary, TrackedRequest
 from ._errors import ConfigError, UnknownStateError
 from ._spec import Deadline, Spec, State, state_label
+from ._stats import Statistics, StatsRecorder
 
 __all__ = ["Watchdog"]
 
@@ -257,6 +259,8 @@ class Watchdog(Generic[K]):
         self._hook_errors = 0
         self._late = 0
         self._unknown = 0
+        #: time-in-state statistics (issue 15); all logic in _stats.py
+        self._stats: StatsRecorder | None = StatsRecorder(spec)
         # Optional callbacks for integrations (runners, metrics); None costs nothing.
         #: called (without arguments, possibly from another thread) when an earlier
         #: deadline than any before appears; runners use it to wake up early.
@@ -326,6 +330,8 @@ class Watchdog(Generic[K]):
                         now = entered
                 self._leave(key, current, now)
                 if slot.terminal:
+                    if self._stats is not None:
+                        self._stats.ended(key, slot.state)
                     self._untrack(key, _CONCLUDED)
                     return
             self._where[key] = slot
@@ -396,6 +402,8 @@ class Watchdog(Generic[K]):
                     self._bury(key, _CONCLUDED)
                 return False
             self._leave(key, slot, self._clock())
+            if self._stats is not None:
+                self._stats.ended(key, None)
             self._untrack(key, _CONCLUDED)
             if not remember:
                 self._gone.pop(key, None)
@@ -634,6 +642,22 @@ class Watchdog(Generic[K]):
                 late_events=self._late,
             )
 
+    def statistics(self) -> Statistics:
+        """A frozen, consistent copy of the time-in-state statistics: per state, the
+        seconds spent there by every request that left it, and the requests its deadline
+        fired (or would have fired) on. See docs/advice.md."""
+        with self._lock:
+            if self._stats is None:
+                raise RuntimeError("this watchdog records no statistics")
+            return self._stats.freeze(self.mode)
+
+    def advice(self, **kwargs: Any) -> Advice:
+        """Suggested deadlines from :meth:`statistics`, flagging requests tracked now
+        that are older than a suggestion: :func:`stallguard.advise` with this watchdog's
+        snapshot; *kwargs* are :func:`~stallguard.advise`'s."""
+        statistics = self.statistics()
+        return advise(statistics, snapshot=self.snapshot(requests=True), **kwargs)
+
     # ------------------------------------------------------------------ internals
 
     @staticmethod
@@ -668,6 +692,8 @@ class Watchdog(Generic[K]):
             entered = slot.parked.pop(key)
         if slot.stall_fifo is not None:
             slot.stall_fifo.pop(key, None)
+        if self._stats is not None:
+            self._stats.left(slot.state, now - entered)
         if self.on_leave is not None:
             self._left(slot, now - entered)
 
@@ -718,6 +744,7 @@ class Watchdog(Generic[K]):
         born = self._born
         gone = self._gone
         memory = self._memory
+        stats = self._stats
         due, left = self._due(now, enforce)
         for _due, key, reason, since, deadline in due:
             slot = where[key]
@@ -740,6 +767,8 @@ class Watchdog(Generic[K]):
                 _set_trace_parent(expiry, note.parent)
                 _set_trace_links(expiry, note.links)
             append(expiry)
+            if stats is not None:
+                stats.fired(key, slot.state, enforce)
             if enforce:
                 # _leave() and _untrack(), inlined: the calls were ~15% of an expiry
                 entered = slot.fifo.pop(key, _MISSING)  # type: ignore[union-attr]
@@ -747,6 +776,8 @@ class Watchdog(Generic[K]):
                     entered = slot.parked.pop(key)
                 if slot.stall_fifo is not None:
                     slot.stall_fifo.pop(key, None)
+                if stats is not None:
+                    stats.left(slot.state, now - entered)
                 if self.on_leave is not None:
                     self._left(slot, now - entered)
                 del where[key]
