@@ -15,6 +15,11 @@ from .package import SUPPORTED_SGLANG, is_supported, sglang_version
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["advise"]:  # suggested deadlines from the metrics (docs/advice.md)
+        from ._advise import main as advise
+
+        return advise(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m stallguard_sglang", description=__doc__)
     parser.add_argument(
         "--backend",

@@ -45,7 +45,7 @@ from typing import Any
 
 from stallguard import Deadline, Expiry, Spec, Watchdog
 
-from . import _metrics
+from . import _metrics, _stats_export
 from ._config import Config
 from ._profiles import (
     PROFILES,
@@ -202,6 +202,7 @@ class _Lane:
         "pending",
         "profile",
         "static",
+        "stats",
         "wd",
     )
 
@@ -233,6 +234,7 @@ class _Lane:
             "sglang.tp_rank": -1 if guard.tp_rank is None else guard.tp_rank,
             "sglang.queue": guard.kind,
         }
+        self.stats = _stats_export.LaneStats(wd, guard.kind, backend, guard.tp_rank, wd.clock)
 
     def watch(self, entry: _Entry) -> None:
         """Hand *entry* to the watchdog: its span attributes, and its current state
@@ -294,6 +296,7 @@ class _Lane:
                 # event follows), or one that did not take (a concluded room): taking
                 # the room's current state from it would start that state's clock early
                 continue
+            self.stats.record(entry.state, at - entry.since)
             since = entry.since
             if at > since:  # a state never starts before enrollment or its predecessor
                 since = entry.since = at
@@ -303,7 +306,10 @@ class _Lane:
                 if self.direct:
                     wd.observe(entry, KVPOLL[state], at=since)
                     continue
-                wd.forget(entry, remember=False)
+                if state in _CONCLUDED:  # tell the watchdog how it ended (statistics)
+                    wd.observe(entry, KVPOLL[state], at=since)
+                else:
+                    wd.forget(entry, remember=False)
                 entry.watched = False
             if state in _LIVE and self.lag is not None:
                 self.pending.append((since + self.lag, entry, since))
@@ -498,6 +504,7 @@ class _QueueGuard:
             if pending and pending[0][0] <= now:
                 lane.hand_over(now)
             expiries = lane.wd.check(now)
+            lane.stats.tick(now)
             if expiries and lane.wd.mode == "report":
                 for expiry in expiries:
                     _metrics.count(
@@ -585,6 +592,7 @@ class _QueueGuard:
     def _leave(self, entry: _Entry) -> None:
         """Forget a request that left the queue (already out of ``entries``)."""
         entry.live = False
+        entry.lane.stats.leave(entry)
         rooms = entry.rooms
         if rooms is not None:
             if rooms.get(entry.room) is entry:
@@ -697,6 +705,7 @@ def inflight_around(original: Callable[..., Any], sched: Any, *args: Any, **kwar
             return original(sched, *args, **kwargs)
     queue = sched.disagg_prefill_inflight_queue
     if not queue and not guard.entries:
+        _stats_export.idle(guard.checks)
         return original(sched, *args, **kwargs)
     try:
         guard.before(queue)
@@ -720,6 +729,7 @@ def bootstrap_around(original: Callable[..., Any], bq: Any, *args: Any, **kwargs
             return original(bq, *args, **kwargs)
     queue = bq.queue
     if not queue and not guard.entries:
+        _stats_export.idle(guard.checks)
         return original(bq, *args, **kwargs)
     try:
         guard.before(queue)
