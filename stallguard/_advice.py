@@ -127,6 +127,10 @@ class StateAdvice:
     warnings: tuple[str, ...] = ()
 
 
+def _advice_states(value: Mapping[str, StateAdvice]) -> Mapping[str, StateAdvice]:
+    return MappingProxyType(dict(value))
+
+
 @attrs.frozen
 class Advice:
     """Suggested deadlines per state (:func:`advise`, :meth:`stallguard.Watchdog.advice`).
@@ -144,7 +148,7 @@ class Advice:
     margin: float
     floor: float
     min_samples: int
-    states: Mapping[str, StateAdvice] = attrs.field(converter=MappingProxyType)
+    states: Mapping[str, StateAdvice] = attrs.field(converter=_advice_states)
 
     @property
     def deadlines(self) -> dict[str, float]:

@@ -244,6 +244,14 @@ class Distribution:
         return Distribution(self.bounds, counts, self.total + other.total, top)
 
 
+def _counts(value: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(value))
+
+
+def _states(value: Mapping[str, StateStatistics]) -> Mapping[str, StateStatistics]:
+    return MappingProxyType(dict(value))
+
+
 def _empty() -> Distribution:
     return Distribution(BOUNDS, (0,) * _N)
 
@@ -275,7 +283,7 @@ class StateStatistics:
     distribution: Distribution = attrs.field(factory=_empty)
     earlier: Distribution | None = None
     fired: int | None = 0
-    fired_then: Mapping[str, int] = attrs.field(factory=dict, converter=MappingProxyType)
+    fired_then: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
     completed: tuple[str, ...] = ()
 
     @property
@@ -308,7 +316,7 @@ class Statistics:
 
     spec: str
     mode: Mode | None
-    states: Mapping[str, StateStatistics] = attrs.field(converter=MappingProxyType)
+    states: Mapping[str, StateStatistics] = attrs.field(converter=_states)
 
 
 class _Hist:

@@ -42,7 +42,7 @@ def read_source(
         if not os.path.isdir(multiproc_dir):
             raise ValueError(f"--multiproc-dir {multiproc_dir!r} is not a directory")
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=multiproc_dir)
+        multiprocess.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         return generate_latest(registry).decode("utf-8")
     raise ValueError("give one of --url, --file or --multiproc-dir")
 

@@ -156,7 +156,7 @@ class LaneStats:
     def record(self, state: int | None, seconds: float) -> None:
         """A request left KVPoll *state* after *seconds* in it (a live state only)."""
         if state in _LIVE:
-            self.recorder.left(_KVPOLL[state], seconds if seconds > 0 else 0.0)  # type: ignore[index]
+            self.recorder.left(_KVPOLL[state], seconds if seconds > 0 else 0.0)
             self.dirty = True
 
     def leave(self, entry: Any) -> None:
