@@ -14,9 +14,10 @@ Per state, with *rate* the acceptable false-timeout rate (the operator's one kno
 It also reports how many recorded stays the suggestion would have failed (exact: every
 ladder value is a bucket bound) and flags a tail that is still growing:
 
-* *trend*: the recent window's p99 is more than 1.5 times the earlier values' p99,
-  beyond the histogram's resolution (the recent p99's lower bound exceeds 1.5 x the
-  earlier p99's upper bound), with at least 100 values on each side;
+* *trend* (given a *baseline*, an earlier copy of the same statistics): the p99 of the
+  stays recorded since the baseline is more than 1.5 times the baseline's p99, beyond
+  the histogram's resolution (the recent p99's lower bound exceeds 1.5 x the baseline
+  p99's upper bound), with at least 100 values on each side;
 * *live*: with a snapshot, a request still in the state is older than every recorded
   stay, or older than the suggestion.
 """
@@ -222,6 +223,7 @@ def advise(
     min_samples: int | None = None,
     completed: Iterable[str] | None = None,
     snapshot: Snapshot[Any] | None = None,
+    baseline: Statistics | None = None,
 ) -> Advice:
     """Suggest a deadline per state from *statistics* (the rule is in the module
     docstring and docs/advice.md).
@@ -240,6 +242,9 @@ def advise(
             terminal state).
         snapshot: a :class:`~stallguard.Snapshot` with requests, to flag requests that
             are in a state now and older than its suggestion or than any recorded stay.
+        baseline: an earlier copy of the same statistics (an earlier
+            :meth:`~stallguard.Watchdog.statistics` or scrape): flags a state whose tail
+            grew since then (the *trend* test above).
 
     Raises:
         ValueError: naming the parameter, for a value out of range.
@@ -263,7 +268,16 @@ def advise(
             ages.setdefault(label, []).append(request.age)
     states = {
         label: _advise_state(
-            s, statistics.mode, rate, margin, floor, need, done, ages.get(label), snapshot
+            s,
+            statistics.mode,
+            rate,
+            margin,
+            floor,
+            need,
+            done,
+            ages.get(label),
+            snapshot,
+            _earlier(s, baseline),
         )
         for label, s in statistics.states.items()
     }
@@ -288,6 +302,7 @@ def _advise_state(
     completed: tuple[str, ...] | None,
     ages: list[float] | None,
     snapshot: Snapshot[Any] | None,
+    earlier: Distribution | None,
 ) -> StateAdvice:
     dist = s.distribution
     n = dist.count
@@ -322,7 +337,7 @@ def _advise_state(
                 f"{format_seconds(q_seconds * margin)}; at least {format_seconds(floor)}"
                 f"{floored}; rounded up: {format_seconds(suggested)}"
             )
-    growing = _trend(s, warnings)
+    growing = _trend(dist, earlier, warnings)
     oldest = live_over = None
     if snapshot is not None:
         live = ages or []
@@ -373,11 +388,28 @@ def _advise_state(
     )
 
 
-def _trend(s: StateStatistics, warnings: list[str]) -> bool:
-    earlier = s.earlier
-    recent = s.recent
-    if earlier is None or recent is None:
+def _earlier(s: StateStatistics, baseline: Statistics | None) -> Distribution | None:
+    """The baseline's distribution for *s*'s state, if it is an earlier copy of it."""
+    if baseline is None:
+        return None
+    before = baseline.states.get(s.state)
+    if before is None:
+        return None
+    dist, old = s.distribution, before.distribution
+    if old.bounds != dist.bounds or any(
+        b > a for a, b in zip(dist.counts, old.counts, strict=True)
+    ):
+        raise ValueError(
+            f"baseline: state {s.state!r} is not an earlier copy of the same statistics "
+            "(different buckets, or more values than now)"
+        )
+    return old
+
+
+def _trend(dist: Distribution, earlier: Distribution | None, warnings: list[str]) -> bool:
+    if earlier is None:
         return False
+    recent = dist - earlier
     if earlier.count < TREND_MIN or recent.count < TREND_MIN:
         return False
     before = earlier.quantile_range(0.99)
@@ -387,7 +419,7 @@ def _trend(s: StateStatistics, warnings: list[str]) -> bool:
         warnings.append(
             f"the tail is growing: p99 of the latest {recent.count} stays is above "
             f"{format_seconds(after[0])}, against at most {format_seconds(before[1])} for "
-            f"the {earlier.count} before"
+            f"the {earlier.count} in the baseline"
         )
         return True
     return False

@@ -129,8 +129,6 @@ if not (RESOLUTION <= _STEP**1.5 + 1e-12 and set(LADDER) <= set(BOUNDS)):  # pra
     raise ImportError(f"stallguard._stats: bad bucket layout (resolution {RESOLUTION})")
 
 _N = len(BOUNDS)
-#: first sample count at which a state's window checkpoint is taken; doubles after each
-_FIRST_CHECKPOINT = 1000
 
 
 def _rank(q: float, n: int) -> int:
@@ -264,10 +262,6 @@ class StateStatistics:
         state: the state's label.
         deadline: its current state deadline in seconds, or None.
         distribution: seconds spent in the state by the requests that left it.
-        earlier: the part of *distribution* recorded before the recent window (None
-            until the window exists). A watchdog takes a checkpoint when a state's count
-            reaches 1,000, 2,000, 4,000... and the window starts at the last-but-one
-            checkpoint: it holds the latest half to three quarters of the values.
         fired: requests a deadline fired on in this state: expired (enforce) or first
             reported (report; a request counts once, in the state of its first report).
             None when unknown.
@@ -281,7 +275,6 @@ class StateStatistics:
     state: str
     deadline: float | None
     distribution: Distribution = attrs.field(factory=_empty)
-    earlier: Distribution | None = None
     fired: int | None = 0
     fired_then: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
     completed: tuple[str, ...] = ()
@@ -290,11 +283,6 @@ class StateStatistics:
     def count(self) -> int:
         """How many stays in this state were recorded (requests that left it)."""
         return self.distribution.count
-
-    @property
-    def recent(self) -> Distribution | None:
-        """The values recorded in the recent window (see *earlier*), or None."""
-        return None if self.earlier is None else self.distribution - self.earlier
 
     @property
     def fired_completed(self) -> int:
@@ -322,23 +310,15 @@ class Statistics:
 class _Hist:
     """One state's mutable histogram and counters (lock held by the caller)."""
 
-    __slots__ = ("checkpoints", "counts", "fired", "label", "max", "n", "next", "then", "total")
+    __slots__ = ("counts", "fired", "label", "max", "then", "total")
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.counts = [0] * _N
         self.total = 0.0
-        self.max = 0.0
-        self.n = 0
-        self.next = _FIRST_CHECKPOINT
-        # the last two checkpoints: (counts, total), oldest first
-        self.checkpoints: list[tuple[tuple[int, ...], float]] = []
+        self.max = -1.0  # no value yet
         self.fired = 0
         self.then: dict[str, int] = {}
-
-    def checkpoint(self) -> None:
-        self.checkpoints = [*self.checkpoints[-1:], (tuple(self.counts), self.total)]
-        self.next *= 2
 
 
 class StatsRecorder:
@@ -391,9 +371,6 @@ class StatsRecorder:
         h.total += seconds
         if seconds > h.max:
             h.max = seconds
-        h.n += 1
-        if h.n >= h.next:
-            h.checkpoint()
 
     def fired(self, key: Hashable, state: State, enforce: bool) -> None:
         """A deadline of *key* fired while it was in *state*. Enforce: counted (the
@@ -427,16 +404,11 @@ class StatsRecorder:
         """A frozen copy (call with the same lock held as the recording)."""
         states: dict[str, StateStatistics] = {}
         for state, h in self._hists.items():
-            dist = Distribution(BOUNDS, tuple(h.counts), h.total, h.max if h.n else None)
-            earlier = None
-            if len(h.checkpoints) == 2:
-                counts, total = h.checkpoints[0]
-                earlier = Distribution(BOUNDS, counts, total, None)
+            dist = Distribution(BOUNDS, tuple(h.counts), h.total, h.max if h.max >= 0 else None)
             states[h.label] = StateStatistics(
                 state=h.label,
                 deadline=self.spec.deadlines[state].seconds,
                 distribution=dist,
-                earlier=earlier,
                 fired=h.fired,
                 fired_then=dict(h.then),
                 completed=self.completed,

@@ -126,10 +126,16 @@ def test_growing_tail_by_trend_and_not_when_stationary():
     steady = [rng.uniform(0.5, 1.5) for _ in range(6000)]
     calm = sg.advise(statistics(steady), min_samples=1).states["Wait"]
     assert not calm.growing and calm.warnings == ()
+    early = statistics(steady[:3000])
+    calm_since = sg.advise(statistics(steady), min_samples=1, baseline=early).states["Wait"]
+    assert not calm_since.growing
     worse = steady[:3000] + [rng.uniform(5, 15) for _ in range(3000)]
-    rising = sg.advise(statistics(worse), min_samples=1).states["Wait"]
+    rising = sg.advise(statistics(worse), min_samples=1, baseline=early).states["Wait"]
     assert rising.growing
     assert any("the tail is growing" in w for w in rising.warnings)
+    assert not sg.advise(statistics(worse), min_samples=1).states["Wait"].growing  # no baseline
+    with pytest.raises(ValueError, match="baseline: state 'Wait' is not an earlier copy"):
+        sg.advise(early, baseline=statistics(worse))
 
 
 def test_watchdog_advice_flags_live_requests_and_would_be_false_positives():

@@ -290,26 +290,12 @@ def test_completed_rule_override_and_validation():
     assert StatsRecorder(no_terminal).completed == ()
 
 
-def test_window_checkpoints_give_the_recent_half_to_three_quarters():
-    rec = StatsRecorder(SPEC)
-    for _ in range(1999):
-        rec.left("a", 1.0)
-    assert rec.freeze(None).states["a"].earlier is None
-    for _ in range(1001):
-        rec.left("a", 10.0)
-    a = rec.freeze(None).states["a"]
-    assert a.earlier.count == 1000  # checkpoints at 1,000 and 2,000
-    assert a.recent.count == 2000 and a.recent.quantile(0.99) == 10.0
-
-
 def deep_size(rec: StatsRecorder) -> int:
     """Bytes held by the recorder's own containers and the ints in them."""
     size = sys.getsizeof(rec._reported) + sys.getsizeof(rec._hists)
     for h in rec._hists.values():
         size += sys.getsizeof(h.counts) + sum(sys.getsizeof(c) for c in h.counts)
-        size += sys.getsizeof(h.then) + sys.getsizeof(h.checkpoints)
-        for counts, _ in h.checkpoints:
-            size += sys.getsizeof(counts)
+        size += sys.getsizeof(h.then)
     return size
 
 

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Mapping
 
 import stallguard
-from stallguard import Advice, ConfigError, StateStatistics, Statistics
+from stallguard import Advice, ConfigError, Statistics
 
 from . import _metrics, _stats_export
 
@@ -75,29 +75,6 @@ def _fired_counter(text: str) -> str:
     return _metrics.STALLS_REPORTED if reported in text else _metrics.FORCED_FAILURES
 
 
-def _with_baseline(current: Statistics, baseline: Statistics | None) -> Statistics:
-    """*current* with each state's ``earlier`` set from an earlier scrape (for the
-    growing-tail test)."""
-    if baseline is None:
-        return current
-    states: dict[str, StateStatistics] = {}
-    for label, s in current.states.items():
-        before = baseline.states.get(label)
-        earlier = None
-        if before is not None and before.distribution.bounds == s.distribution.bounds:
-            earlier = before.distribution
-        states[label] = StateStatistics(
-            state=s.state,
-            deadline=s.deadline,
-            distribution=s.distribution,
-            earlier=earlier,
-            fired=s.fired,
-            fired_then=s.fired_then,
-            completed=s.completed,
-        )
-    return Statistics(spec=current.spec, mode=current.mode, states=states)
-
-
 def advise_text(
     text: str, *, baseline: str | None = None, **kwargs: object
 ) -> dict[tuple[str, str], Advice]:
@@ -110,7 +87,8 @@ def advise_text(
             if baseline is not None and backend in _backends(baseline, queue):
                 before = statistics(baseline, queue, backend)
             out[queue, backend] = stallguard.advise(
-                _with_baseline(stats, before),
+                stats,
+                baseline=before,
                 **kwargs,  # type: ignore[arg-type]
             )
     return out
