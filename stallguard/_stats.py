@@ -262,9 +262,10 @@ class StateStatistics:
         state: the state's label.
         deadline: its current state deadline in seconds, or None.
         distribution: seconds spent in the state by the requests that left it.
-        fired: requests a deadline fired on in this state: expired (enforce) or first
-            reported (report; a request counts once, in the state of its first report).
-            None when unknown.
+        fired: requests a deadline (the state deadline, a progress window or the
+            lifetime) fired on in this state: expired (enforce) or first reported
+            (report; a request counts once, in the state of its first report). None when
+            unknown.
         fired_then: report mode: how the requests counted in *fired* ended, by terminal
             state label, or :data:`FORGOTTEN` for ``forget()``. Requests still tracked
             are not in it.
@@ -364,10 +365,16 @@ class StatsRecorder:
         # report mode: key -> the histogram of the state of its first report
         self._reported: dict[Hashable, _Hist] = {}
 
-    def left(self, state: State, seconds: float) -> None:
+    def left(
+        self,
+        state: State,
+        seconds: float,
+        _bisect: Any = bisect_left,  # bound as defaults: no global lookups (hot path)
+        _bounds: tuple[float, ...] = BOUNDS,
+    ) -> None:
         """A request left non-terminal *state* after *seconds* in it."""
         h = self._hists[state]
-        h.counts[bisect_left(BOUNDS, seconds)] += 1
+        h.counts[_bisect(_bounds, seconds)] += 1
         h.total += seconds
         if seconds > h.max:
             h.max = seconds

@@ -692,8 +692,9 @@ class Watchdog(Generic[K]):
             entered = slot.parked.pop(key)
         if slot.stall_fifo is not None:
             slot.stall_fifo.pop(key, None)
-        if self._stats is not None:
-            self._stats.left(slot.state, now - entered)
+        stats = self._stats
+        if stats is not None:
+            stats.left(slot.state, now - entered)
         if self.on_leave is not None:
             self._left(slot, now - entered)
 
