@@ -176,11 +176,12 @@ class Distribution:
                 f"Distribution needs one count per bound, got {len(self.counts)} counts "
                 f"for {len(self.bounds)} bounds"
             )
-        if self.bounds[-1] != math.inf:
-            raise ValueError(f"Distribution bounds must end with inf, got {self.bounds[-1]!r}")
-        if any(b <= a for a, b in pairwise(self.bounds)):
-            raise ValueError("Distribution bounds must be strictly increasing")
-        if any(c < 0 for c in self.counts):
+        if self.bounds is not BOUNDS:  # (the standard layout is known to be valid)
+            if self.bounds[-1] != math.inf:
+                raise ValueError(f"Distribution bounds must end with inf, got {self.bounds[-1]!r}")
+            if any(b <= a for a, b in pairwise(self.bounds)):
+                raise ValueError("Distribution bounds must be strictly increasing")
+        if min(self.counts) < 0:
             raise ValueError(f"Distribution counts must be >= 0, got {self.counts!r}")
 
     @property

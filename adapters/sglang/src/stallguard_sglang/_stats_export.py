@@ -38,7 +38,7 @@ import threading
 from typing import Any
 
 from stallguard import Watchdog
-from stallguard._stats import BOUNDS, LADDER, StatsRecorder
+from stallguard._stats import BOUNDS, LADDER, StateStatistics, StatsRecorder
 
 __all__ = [
     "DEADLINE",
@@ -66,11 +66,10 @@ EXPORT_PERIOD = 1.0
 _KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
 _LIVE = frozenset((1, 2, 3))
 
-# fine bucket i (values <= BOUNDS[i]) -> ladder bucket: the first ladder bound >= BOUNDS[i]
-# (exact: every ladder value is one of BOUNDS); len(LADDER) is the +Inf bucket
-_TO_LADDER: tuple[int, ...] = tuple(
-    next((j for j, v in enumerate(LADDER) if v >= b), len(LADDER)) for b in BOUNDS
-)
+# ladder bucket j (values in (LADDER[j-1], LADDER[j]], the last one +Inf) = the fine
+# buckets BOUNDS[start:end] (exact: every ladder value is one of BOUNDS)
+_ENDS = (*(BOUNDS.index(v) + 1 for v in LADDER), len(BOUNDS))
+_SLICES: tuple[tuple[int, int], ...] = tuple(zip((0, *_ENDS[:-1]), _ENDS, strict=True))
 
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
@@ -185,19 +184,7 @@ class LaneStats:
         stats = self.recorder.freeze(None)
         fired = self.wd.statistics()
         for label, s in stats.states.items():
-            sent = self._sent.get(label)
-            if sent is None:
-                sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
-                deadline = s.deadline
-                metrics["deadline"].labels(self.queue, self.backend, label).set(deadline or 0)
-            dist = s.distribution
-            counts = [0] * (len(LADDER) + 1)
-            for i, c in enumerate(dist.counts):
-                if c:
-                    counts[_TO_LADDER[i]] += c
-            child = metrics["seconds"].labels(self.queue, self.backend, label, self.rank)
-            _add(child, counts, sent[0], dist.total - sent[1])
-            self._sent[label] = (counts, dist.total)
+            self._export_state(metrics, label, s)
             done = fired.states[label].fired_completed
             before = self._completed.get(label, 0)
             if done > before:
@@ -205,6 +192,21 @@ class LaneStats:
                     done - before
                 )
                 self._completed[label] = done
+
+    def _export_state(self, metrics: dict[str, Any], label: str, s: StateStatistics) -> None:
+        """Add one state's new stays to the histogram (and set its deadline gauge once)."""
+        dist = s.distribution
+        sent = self._sent.get(label)
+        if sent is None:
+            sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
+            metrics["deadline"].labels(self.queue, self.backend, label).set(s.deadline or 0)
+        elif sum(sent[0]) == dist.count:
+            return  # nothing new in this state
+        fine = dist.counts
+        counts = [sum(fine[a:b]) for a, b in _SLICES]
+        child = metrics["seconds"].labels(self.queue, self.backend, label, self.rank)
+        _add(child, counts, sent[0], dist.total - sent[1])
+        self._sent[label] = (counts, dist.total)
 
 
 def idle(lanes: tuple[Any, ...]) -> None:
