@@ -310,7 +310,9 @@ def _advise_state(
     q_seconds = dist.quantile(q)
     warnings: list[str] = []
     fired_completed = None
-    if s.fired is not None and s.fired_then:
+    if mode == "enforce":
+        pass  # a failed request cannot complete: nothing to count
+    elif s.fired is not None and s.fired_then:
         labels = s.completed if completed is None else completed
         fired_completed = sum(s.fired_then.get(label, 0) for label in labels)
     elif s.fired is not None and s.completed:

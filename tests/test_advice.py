@@ -175,7 +175,7 @@ def test_enforce_mode_warns_that_stays_were_cut():
     clock.advance(121)
     wd.check()
     wait = wd.advice(min_samples=1).states["Wait"]
-    assert wait.fired == 1 and wait.fired_completed == 0
+    assert wait.fired == 1 and wait.fired_completed is None  # enforce: cannot complete
     assert any("cut at the current deadline" in w for w in wait.warnings)
 
 
