@@ -712,6 +712,83 @@ def run_size(n: int, opts: Opts, cap: int, results: Results, log: Callable[[str]
         wait_threads(threads0)
 
 
+# ------------------------------------------------------------ time-in-state statistics
+
+
+def cpu_observe_series(observe: Callable[[int, str], None], keys: list[int]) -> Sample:
+    """observe_series(same=False), timed in thread CPU time."""
+    n = len(keys)
+    pos = 0
+    rnd = 0
+
+    def run(b: int) -> tuple[int, int]:
+        nonlocal pos, rnd
+        b = min(b, n - pos)
+        chunk = keys[pos : pos + b]
+        state = ("WaitingForInput", "Transferring")[rnd % 2]
+        t0 = time.thread_time_ns()
+        for k in chunk:
+            observe(k, state)
+        dt = time.thread_time_ns() - t0
+        pos += b
+        if pos == n:
+            pos, rnd = 0, rnd + 1
+        return dt, b
+
+    return run
+
+
+def statistics_cost(n: int, opts: Opts) -> list[tuple[str, Stats, Stats, float]]:
+    """The recording's cost (issue 15): the same operations on two watchdogs, one
+    recording time-in-state statistics (the default) and one without (its recorder
+    removed), in alternating batches timed in thread CPU time (time spent preempted on a
+    busy machine is not counted). Returns (operation, without, with, paired ratio): the
+    paired ratio is the median over rounds of on/off of the two batches run back to
+    back."""
+    rows = []
+    keys = make_keys(n)
+    on, off = sg.Watchdog(SPEC), sg.Watchdog(SPEC)
+    off._stats = None  # the watchdog as it was before statistics
+    for wd in (on, off):
+        for k in keys:
+            wd.observe(k, "Bootstrapping")
+    changes = {wd: cpu_observe_series(wd.observe, keys) for wd in (on, off)}
+
+    def lives(wd: sg.Watchdog[int]) -> Sample:
+        serial = iter(range(10**12))
+
+        def run(b: int) -> tuple[int, int]:
+            fresh = [next(serial) + 10**9 for _ in range(b)]
+            observe = wd.observe
+            t0 = time.thread_time_ns()
+            for k in fresh:
+                observe(k, "Bootstrapping")
+                observe(k, "Transferring")
+                observe(k, "Success")
+            return time.thread_time_ns() - t0, b
+
+        return run
+
+    for op, series in (
+        ("state change (observe() of a new state)", changes),
+        ("a request's life: 3 observes, 2 stays recorded", {wd: lives(wd) for wd in (on, off)}),
+    ):
+        samples: dict[Any, list[float]] = {on: [], off: []}
+        pairs: list[float] = []
+        gc.collect()
+        deadline = pc() + int(2 * opts.budget_s * 1e9)
+        batch = 200 if opts.budget_s < 0.1 else 1000
+        while len(samples[on]) < opts.max_samples and (
+            len(samples[on]) < opts.min_samples or pc() < deadline
+        ):
+            for wd in (off, on) if len(samples[on]) % 2 else (on, off):
+                dt, done = series[wd](batch)
+                samples[wd].append(dt / done)
+            pairs.append(samples[on][-1] / samples[off][-1])
+        rows.append((op, Stats(samples[off]), Stats(samples[on]), statistics.median(pairs)))
+    return rows
+
+
 # ------------------------------------------------------------------------ reporting
 
 
@@ -845,6 +922,25 @@ def environment() -> str:
     )
 
 
+def print_statistics_cost(sizes: Sequence[int], opts: Opts) -> None:
+    print("## Time-in-state statistics: recording on vs off (alternating batches)")
+    print()
+    print("| operation | N | statistics off | statistics on | on / off | paired |")
+    print("|---|---:|---|---|---:|---:|")
+    for n in sizes:
+        for op, off, on, paired in statistics_cost(n, opts):
+            print(
+                f"| {op} | {n:,} | {fmt_cell(op, off)} | {fmt_cell(op, on)} | "
+                f"{on.median / off.median:.2f}x | {paired:.2f}x |"
+            )
+    print()
+    print(
+        "Thread CPU time per operation, median (p90) over alternating batches of ~1,000 "
+        "operations; paired: the median over rounds of on/off for batches run back to back."
+    )
+    print()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Benchmark stallguard's core watchdog side by side with asyncio "
@@ -868,6 +964,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="largest N for the transitions arm, which starts one OS thread per tracked "
         "request (default 1000; --quick: 100)",
+    )
+    parser.add_argument(
+        "--statistics-only",
+        action="store_true",
+        help="only the time-in-state statistics A/B (recording on vs off, alternating)",
     )
     args = parser.parse_args(argv)
     sizes = sorted(args.sizes or ([100, 1000] if args.quick else [1000, 10_000, 100_000]))
@@ -897,6 +998,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print()
     started = time.monotonic()
+    print_statistics_cost(sizes, opts)
+    if args.statistics_only:
+        return 0
     results: Results = {}
     for n in sizes:
         run_size(n, opts, cap, results, log)

@@ -132,6 +132,22 @@ class Arm:
             sched.disagg_prefill_inflight_queue.extend(self.new_request() for _ in range(missing))
 
 
+class NoStats:
+    """The lane's time-in-state statistics switched off (``--statistics``): the
+    adapter's calls into them remain, as no-op calls (a few tens of ns each)."""
+
+    dirty = False
+
+    def record(self, state: Any, seconds: float) -> None:
+        pass
+
+    def leave(self, entry: Any) -> None:
+        pass
+
+    def tick(self, now: float) -> None:
+        pass
+
+
 def naive_around(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
     """The re-poll design: local poll + observe of every queued sender, every iteration."""
     wd = sched.__dict__.get("_naive_wd")
@@ -175,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="alternate the arms iteration by iteration (rounds x batch iterations per "
         "arm, one at a time) instead of in batches",
+    )
+    parser.add_argument(
+        "--statistics",
+        action="store_true",
+        help="add a fourth arm: enabled, with the time-in-state statistics switched off "
+        "(no-op recorder, no export), to measure what recording them costs",
     )
     parser.add_argument("--quick", action="store_true", help="tiny run: checks the script only")
     args = parser.parse_args(argv)
@@ -223,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         "enabled": {(mixin, queue_attr): enabled_queue, (manager, status_attr): enabled_status},
         "naive": {(mixin, queue_attr): naive_queue, (manager, status_attr): original_status},
     }
+    if args.statistics:
+        installs["no stats"] = installs["enabled"]
     sgs.setup_context(0, 1)
 
     results = []
@@ -239,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
             arm.activate()
             arm.iterate(3)
             arm.samples.clear()
+            if arm.name == "no stats":
+                for lane in arm.sched._stallguard_inflight_guard.checks:
+                    lane.stats = NoStats()
+                    lane.wd._stats = None
         for r in range(args.rounds):
             order = arms if r % 2 == 0 else arms[::-1]
             for arm in order:
@@ -296,6 +324,13 @@ def main(argv: list[str] | None = None) -> int:
             f"({e / n:.0f} ns/req) | {v / 1000:,.1f} us ({v / n:.0f} ns/req) | "
             f"{e / d:.3f} (paired {paired['enabled']:.3f}) | {v / d:.2f} |"
         )
+        if "no stats" in med:
+            o = med["no stats"]
+            print(
+                f"|  | statistics off | | {o / 1000:,.1f} us | | {o / d:.3f} (paired "
+                f"{paired['no stats']:.3f}); statistics on/off {e / o:.3f} (paired "
+                f"{paired['enabled'] / paired['no stats']:.3f}) | |"
+            )
     print(
         f"\nMedians of {results[0][3]} iterations per arm and row, in microseconds per "
         "iteration (2 x churn update_status calls + one process_disagg_prefill_inflight_"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._advice import Advice, StateAdvice, advise, statistics_from_prometheus
 from ._config import (
     WatchdogConfig,
     load_config,
@@ -22,15 +23,18 @@ from ._errors import ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
 from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
 from ._spec import Deadline, Spec, State, state_label
+from ._stats import Distribution, StateStatistics, Statistics
 from ._watchdog import Listener, Watchdog
 
 # Installs the default instrumentation hooks in the registry watchdogs read.
 from . import instrumentation as instrumentation  # isort: skip
 
 __all__ = [
+    "Advice",
     "AsyncWait",
     "ConfigError",
     "Deadline",
+    "Distribution",
     "Expiry",
     "Listener",
     "Mode",
@@ -39,7 +43,10 @@ __all__ = [
     "Spec",
     "StallguardError",
     "State",
+    "StateAdvice",
+    "StateStatistics",
     "StateSummary",
+    "Statistics",
     "ThreadWait",
     "TrackedRequest",
     "UnknownStateError",
@@ -47,12 +54,14 @@ __all__ = [
     "WatchdogConfig",
     "WatchdogOptions",
     "WatchdogThread",
+    "advise",
     "load_config",
     "load_spec",
     "parse_config_table",
     "parse_deadlines",
     "run_watchdog",
     "state_label",
+    "statistics_from_prometheus",
     "watching",
 ]
 

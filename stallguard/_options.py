@@ -28,6 +28,11 @@ def _memory(_instance: object, _attribute: object, value: object) -> None:
         raise ConfigError(f"memory must be a positive int, got {value!r}")
 
 
+def _flag(_instance: object, attribute: Any, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be True or False, got {value!r}")
+
+
 def _clock(_instance: object, _attribute: object, value: object) -> None:
     if not callable(value):
         raise ConfigError(f"clock must be a callable returning seconds, got {value!r}")
@@ -48,6 +53,10 @@ class WatchdogOptions:
             so that a late event for them is dropped instead of re-tracking the request.
         clock: returns the current time in seconds and never goes backwards
             (:func:`time.monotonic`; tests pass a :class:`stallguard.testing.FakeClock`).
+        statistics: record time in state per state, and the requests each deadline
+            fired (or would have fired) on, for :meth:`~stallguard.Watchdog.advice`
+            (docs/advice.md). One histogram per state; it adds a bucket lookup to every
+            state change (docs/performance.md). False switches it off.
 
     Raises:
         ConfigError: naming the field and the value.
@@ -57,6 +66,7 @@ class WatchdogOptions:
     unknown_state: str = attrs.field(default="raise", validator=_unknown_state)
     memory: int = attrs.field(default=DEFAULT_MEMORY, validator=_memory)
     clock: Callable[[], float] = attrs.field(default=time.monotonic, validator=_clock)
+    statistics: bool = attrs.field(default=True, validator=_flag)
 
     def evolve(self, **changes: Any) -> WatchdogOptions:
         """A copy with *changes* applied (and validated)."""
@@ -64,6 +74,6 @@ class WatchdogOptions:
         if unknown:
             raise ConfigError(
                 f"WatchdogOptions has no field {sorted(unknown)[0]!r}; fields: "
-                "mode, unknown_state, memory, clock"
+                "mode, unknown_state, memory, clock, statistics"
             )
         return attrs.evolve(self, **changes)

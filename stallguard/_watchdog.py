@@ -31,15 +31,19 @@ import operator
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 
 import attrs
 
 from . import _registry
 from ._details import Expiry, Mode, Snapshot, StateSummary, TrackedRequest
-from ._errors import ConfigError, UnknownStateError
+from ._errors import ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
 from ._spec import Spec, State, state_label
+from ._stats import Statistics, StatsRecorder
+
+if TYPE_CHECKING:
+    from ._advice import Advice
 
 __all__ = ["Listener", "Watchdog"]
 
@@ -370,6 +374,8 @@ class Watchdog(Generic[K]):
         self._late = 0
         self._unknown = 0
         self._runner_errors = 0
+        #: time-in-state statistics (docs/advice.md); None when switched off
+        self._stats: StatsRecorder | None = StatsRecorder(spec) if options.statistics else None
         # expiries an interrupted check() could not hand to every hook: (expiry, hooks)
         self._carry: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]] = []
         self._listeners: tuple[Listener, ...] = ()
@@ -549,7 +555,12 @@ class Watchdog(Generic[K]):
                     old.parked.pop(rec, None)
                 if self._leave_listeners:
                     left = (old.label, now - rec.since)
+                stats = self._stats
+                if stats is not None:
+                    stats.left(old.state, now - rec.since)
                 if slot.terminal:
+                    if stats is not None and stats._reported:  # how a reported one ended
+                        stats.ended(key, slot.state)
                     self._untrack(rec, _CONCLUDED)
                     rec = None
                 else:
@@ -661,8 +672,13 @@ class Watchdog(Generic[K]):
             slot = rec.slot
             if slot.parked:
                 slot.parked.pop(rec, None)
+            seconds = self._clock() - rec.since
             if self._leave_listeners:
-                left = (slot.label, self._clock() - rec.since)
+                left = (slot.label, seconds)
+            stats = self._stats
+            if stats is not None:
+                stats.left(slot.state, seconds)
+                stats.ended(key, None)
             # (not remembered: never buried, so no older key's memory is pushed out)
             self._untrack(rec, _CONCLUDED if remember else None)
         if left is not None:
@@ -969,6 +985,30 @@ class Watchdog(Generic[K]):
                 runner_errors=self._runner_errors,
             )
 
+    def statistics(self) -> Statistics:
+        """A frozen, consistent copy of the time-in-state statistics: per state, the
+        seconds spent there by every request that left it (however short its stay), and
+        the requests its deadline fired (or, in report mode, would have fired) on. See
+        docs/advice.md.
+
+        Raises:
+            StallguardError: if the watchdog was made with ``statistics=False``.
+        """
+        with self._lock:
+            if self._stats is None:
+                raise StallguardError(
+                    f"watchdog {self._spec.name!r} records no statistics (statistics=False)"
+                )
+            return self._stats.freeze(self._mode)
+
+    def advice(self, **kwargs: Any) -> Advice:
+        """Suggested deadlines from :meth:`statistics`, flagging tracked requests older
+        than a suggestion: :func:`stallguard.advise` with this watchdog's snapshot;
+        *kwargs* are :func:`~stallguard.advise`'s."""
+        from ._advice import advise  # the advice rule is not needed to watch requests
+
+        return advise(self.statistics(), snapshot=self.snapshot(requests=True), **kwargs)
+
     # ------------------------------------------------------------------ internals
 
     def _remembered(self) -> int:
@@ -1068,6 +1108,7 @@ class Watchdog(Generic[K]):
                 found.sort(key=_by_due)  # stable: clock order among equal due times
             enforce = self._mode == "enforce"
             listening = bool(self._leave_listeners)
+            stats = self._stats
             spec = self._spec.name
             mode = self._mode
             append = expiries.append
@@ -1094,9 +1135,13 @@ class Watchdog(Generic[K]):
                     _set_trace_parent(expiry, note.parent)
                     _set_trace_links(expiry, note.links)
                 append(expiry)
+                if stats is not None:
+                    stats.fired(rec.key, slot.state, enforce)
                 if enforce:
                     if slot.parked:
                         slot.parked.pop(rec, None)
+                    if stats is not None:
+                        stats.left(slot.state, now - rec.since)
                     if listening:
                         left.append((slot.label, now - rec.since))
                     self._untrack(rec, _EXPIRED)

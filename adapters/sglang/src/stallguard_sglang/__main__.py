@@ -84,6 +84,11 @@ class _VersionAction(argparse.Action):
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["advise"]:  # suggested deadlines from the metrics (docs/advice.md)
+        from ._advise import main as advise
+
+        return advise(args_in[1:])
     parser = _Parser(
         prog="python -m stallguard_sglang",
         description=__doc__.split("\n\n")[0] if __doc__ else None,

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from stallguard import ConfigError, Deadline, parse_deadlines
-from stallguard._config import did_you_mean
+from stallguard._validate import did_you_mean
 
 from ._kvpoll import LIVE_STATES, TERMINAL_STATES
 

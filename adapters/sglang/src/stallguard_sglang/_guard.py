@@ -61,6 +61,7 @@ from ._profiles import (
     effective_deadlines,
 )
 from ._runtime import Runtime
+from ._stats_export import LaneStats
 
 __all__ = ["ATTRIBUTE_PREFIX", "Entry", "Lane", "QueueGuard", "read_state"]
 
@@ -85,7 +86,17 @@ class Lane:
     captured for its requests (``events``: ``(entry, KVPoll value, clock reading)``,
     appended by any thread, applied in order by the scheduler thread)."""
 
-    __slots__ = ("backend", "clock", "common", "events", "guard", "heartbeat", "static", "wd")
+    __slots__ = (
+        "backend",
+        "clock",
+        "common",
+        "events",
+        "guard",
+        "heartbeat",
+        "static",
+        "stats",
+        "wd",
+    )
 
     def __init__(
         self, guard: QueueGuard, backend: str, profile: BackendProfile, wd: Watchdog[Any]
@@ -104,6 +115,7 @@ class Lane:
         self.events: collections.deque[tuple[Entry, int, float]] = collections.deque()
         #: the span attributes every request of this lane shares (absent ones left out)
         self.static = _attributes(backend=backend, tp_rank=guard.tp_rank, queue=guard.kind)
+        self.stats = LaneStats(wd, guard.kind, backend, guard.tp_rank, wd.clock)
 
     def enroll(self, entry: Entry, now: float) -> None:
         """Observe a request that joined the queue at *now*, in its current state."""
@@ -144,21 +156,9 @@ class Lane:
             # before the one it ends, nor before the request's enrollment
             wd.observe(entry, KVPOLL[state], at=at)
 
-    def check(self) -> None:
-        """Run the deadline check once (enforce mode: overdue requests are failed by
-        :meth:`QueueGuard.on_expire`)."""
-        expiries = self.wd.check()
-        if expiries and self.wd.mode == "report":
-            for expiry in expiries:
-                self.on_reported(expiry)
-
     def on_reported(self, expiry: Expiry[Any]) -> None:
-        """Count a report-mode expiry (nothing is failed).
-
-        The one place report mode is counted: once the core's
-        ``wd.add_listener(on_expire=...)`` (firing in both modes) is available, register
-        this (for report-mode watchdogs) in ``QueueGuard.lane`` and drop the loop in
-        :meth:`check`."""
+        """Count a report-mode expiry (nothing is failed): the watchdog's expiry
+        listener in report mode."""
         guard = self.guard
         _metrics.count(
             "reported", guard.kind, self.backend, expiry.state_label, guard.metric_labels
@@ -308,6 +308,8 @@ class QueueGuard:
                 memory=1,
             )
             lane = Lane(self, backend, PROFILES[backend], wd)
+            if wd.mode == "report":
+                wd.add_listener(on_expire=lane.on_reported)
             self.checks = (*self.checks, lane)
         self.lanes[backend] = lane
         return lane
@@ -337,7 +339,9 @@ class QueueGuard:
         self.seen_len = n
         self.seen_tail = queue[-1] if n else None
         for lane in self.checks:
-            lane.check()
+            now = lane.clock()
+            lane.wd.check(now)  # enforce: QueueGuard.on_expire fails what is overdue
+            lane.stats.tick(now)  # time in state to /metrics, about once a second
 
     def after(self, queue: list[Any], before_len: int, left: list[Any]) -> None:
         """Forget the requests SGLang's call removed from the queue (*left*, and any

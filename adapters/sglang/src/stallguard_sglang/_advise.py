@@ -1,0 +1,197 @@
+"""``python -m stallguard_sglang advise``: suggested deadlines from a server's metrics.
+
+Reads the time-in-state histogram the adapter exports (``_stats_export.py``) from a
+Prometheus scrape (``--url http://127.0.0.1:30000/metrics``), a saved exposition
+(``--file metrics.txt``) or SGLang's multiprocess directory (``--multiproc-dir``,
+default ``$PROMETHEUS_MULTIPROC_DIR``), applies :func:`stallguard.advise` per queue and
+backend (tensor-parallel ranks summed), and prints a table per backend and a TOML block
+for ``STALLGUARD_SGLANG_CONFIG`` (docs/advice.md). Exit status 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import urllib.request
+from collections.abc import Mapping
+
+import stallguard
+from stallguard import Advice, ConfigError, Statistics
+
+from . import _metrics, _stats_export
+
+__all__ = ["advise_text", "main", "read_source", "toml_block"]
+
+_PREFILL_STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
+
+
+def read_source(
+    *, url: str | None = None, file: str | None = None, multiproc_dir: str | None = None
+) -> str:
+    """A Prometheus text exposition from one source."""
+    if url is not None:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode("utf-8"))
+    if file is not None:
+        with open(file, encoding="utf-8") as f:
+            return f.read()
+    if multiproc_dir is not None:
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+        if not os.path.isdir(multiproc_dir):
+            raise ValueError(f"--multiproc-dir {multiproc_dir!r} is not a directory")
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(registry).decode("utf-8")
+    raise ValueError("give one of --url, --file or --multiproc-dir")
+
+
+def _backends(text: str, queue: str) -> list[str]:
+    found = {
+        labels.get("backend", "")
+        for name, labels, _ in stallguard._advice.read_prometheus(text)
+        if name == f"{_stats_export.STATE_SECONDS}_bucket" and labels.get("queue") == queue
+    }
+    return sorted(b for b in found if b)
+
+
+def statistics(text: str, queue: str, backend: str) -> Statistics:
+    """The statistics of one queue and backend, ranks summed."""
+    return stallguard.statistics_from_prometheus(
+        text,
+        histogram=_stats_export.STATE_SECONDS,
+        spec=f"sglang.{queue}.{backend}",
+        where={"queue": queue, "backend": backend},
+        deadline_gauge=_stats_export.DEADLINE,
+        fired_counter=_fired_counter(text),
+        completed_counter=_stats_export.REPORTED_COMPLETED,
+    )
+
+
+def _fired_counter(text: str) -> str:
+    """Forced failures (enforce) or reported stalls (report), whichever the text has."""
+    reported = f"{_metrics.STALLS_REPORTED}_total"
+    return _metrics.STALLS_REPORTED if reported in text else _metrics.FORCED_FAILURES
+
+
+def advise_text(
+    text: str, *, baseline: str | None = None, **kwargs: object
+) -> dict[tuple[str, str], Advice]:
+    """Advice per ``(queue, backend)`` found in *text* (*kwargs*: :func:`stallguard.advise`'s)."""
+    out: dict[tuple[str, str], Advice] = {}
+    for queue in ("inflight", "bootstrap"):
+        for backend in _backends(text, queue):
+            stats = statistics(text, queue, backend)
+            before = None
+            if baseline is not None and backend in _backends(baseline, queue):
+                before = statistics(baseline, queue, backend)
+            out[queue, backend] = stallguard.advise(
+                stats,
+                baseline=before,
+                **kwargs,  # type: ignore[arg-type]
+            )
+    return out
+
+
+def _toml_number(seconds: float) -> str:
+    return str(int(seconds)) if seconds == int(seconds) else repr(seconds)
+
+
+def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
+    """The suggestions as stallguard-sglang configuration: the backend with the most
+    recorded stays (``fake`` only if it is the only one) in ``[prefill.deadlines]``,
+    every other in ``[prefill.backends.<name>.deadlines]``, and the bootstrap queue's
+    ``Bootstrapping`` (the longest across backends) as ``[bootstrap_queue] deadline``.
+    States without a suggestion are left out (they keep their configured deadline)."""
+    inflight = {b: a for (q, b), a in advice.items() if q == "inflight"}
+
+    def weight(backend: str) -> tuple[bool, int]:
+        return backend != "fake", sum(s.count for s in inflight[backend].states.values())
+
+    order = sorted(inflight, key=weight, reverse=True)
+    lines: list[str] = []
+    for n, backend in enumerate(order):
+        a = inflight[backend]
+        table = "[prefill.deadlines]" if n == 0 else f"[prefill.backends.{backend}.deadlines]"
+        lines.append(f"{table}  # {backend}: {_summary(a)}")
+        for state in _PREFILL_STATES:
+            s = a.states.get(state)
+            if s is None:
+                continue
+            if s.suggested is None:
+                lines.append(f"# {state}: no suggestion ({s.reason})")
+            else:
+                lines.append(f"{state} = {_toml_number(s.suggested)}")
+        lines.append("")
+    boot = [
+        s.suggested
+        for (q, _), a in advice.items()
+        if q == "bootstrap"
+        for s in a.states.values()
+        if s.state == "Bootstrapping" and s.suggested is not None
+    ]
+    if boot:
+        lines.append("[bootstrap_queue]")
+        lines.append(f"deadline = {_toml_number(max(boot))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _summary(a: Advice) -> str:
+    return f"p{(1 - a.false_timeout_rate) * 100:.6g} x {a.margin:g}, floor {a.floor:g}s, rounded up"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m stallguard_sglang advise",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--url", help="scrape this /metrics URL")
+    source.add_argument("--file", help="a saved Prometheus text exposition")
+    source.add_argument(
+        "--multiproc-dir",
+        help="prometheus_client multiprocess directory (default: $PROMETHEUS_MULTIPROC_DIR)",
+    )
+    parser.add_argument(
+        "--baseline", help="an earlier saved scrape: flags tails that grew since then"
+    )
+    parser.add_argument("--false-timeout-rate", type=float, default=0.001)
+    parser.add_argument("--margin", type=float, default=2.0)
+    parser.add_argument("--floor", type=float, default=10.0)
+    parser.add_argument("--min-samples", type=int, default=None)
+    parser.add_argument("--toml", action="store_true", help="print only the TOML block")
+    args = parser.parse_args(argv)
+    multiproc = args.multiproc_dir
+    if args.url is None and args.file is None and multiproc is None:
+        multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    try:
+        text = read_source(url=args.url, file=args.file, multiproc_dir=multiproc)
+        baseline = read_source(file=args.baseline) if args.baseline else None
+        advice = advise_text(
+            text,
+            baseline=baseline,
+            false_timeout_rate=args.false_timeout_rate,
+            margin=args.margin,
+            floor=args.floor,
+            min_samples=args.min_samples,
+        )
+    except (OSError, ValueError, ConfigError) as e:
+        print(f"stallguard-sglang advise: {e}", file=sys.stderr)
+        return 2
+    if not advice:
+        print(
+            f"stallguard-sglang advise: no {_stats_export.STATE_SECONDS} series in the "
+            "metrics (is the adapter enabled, and SGLang running with --enable-metrics?)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.toml:
+        for (queue, backend), a in advice.items():
+            print(f"== {queue} queue, {backend} (mode: scrape; ranks summed)")
+            print(a.table())
+            print()
+        print("# paste into the file STALLGUARD_SGLANG_CONFIG names:")
+    print(toml_block(advice))
+    return 0

@@ -1,0 +1,60 @@
+"""The adapter's time-in-state export is exact at every bucket bound: what
+prometheus_client serves equals the in-process histogram, however the stays arrive
+between exports (in-process registry; the multiprocess path is test_adapter_advice.py)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from stallguard_sglang._stats_export import STATE_SECONDS, LaneStats
+
+import stallguard as sg
+from stallguard._stats import LADDER
+
+SPEC = sg.Spec(
+    "sglang.inflight.nixl",
+    {"Bootstrapping": 300, "WaitingForInput": 300, "Transferring": 300},
+    terminal=("Success", "Failed"),
+)
+durations = st.floats(min_value=-5, max_value=6).map(lambda e: 10.0**e)
+stays = st.lists(st.tuples(st.sampled_from([1, 2, 3]), durations), max_size=60)
+LABELS = {"queue": "inflight", "backend": "exporttest", "tp_rank": "0"}
+
+
+def served() -> dict[tuple[str, str, str], float]:
+    """(sample name, state, le) -> value, of the histogram's series for LABELS only."""
+    from stallguard_sglang import _stats_export
+
+    out = {}
+    for family in _stats_export._metrics["seconds"].collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if all(labels.get(k) == v for k, v in LABELS.items()):
+                out[sample.name, labels["state"], labels.get("le", "")] = sample.value
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(stays, min_size=1, max_size=4))
+def test_export_equals_the_recorder_at_every_bound(batches):
+    lane = LaneStats(sg.Watchdog(SPEC), "inflight", "exporttest", 0, lambda: 0.0)
+    lane.export()  # creates the metrics on first use
+    before = served()
+    for batch in batches:
+        for state, seconds in batch:
+            lane.record(state, seconds)
+        lane.export()
+    after = served()
+    stats = lane.recorder.freeze(None)
+    for label, s in stats.states.items():
+        d = s.distribution
+        for bound in (*LADDER, math.inf):
+            le = "+Inf" if bound == math.inf else str(float(bound))
+            key = (f"{STATE_SECONDS}_bucket", label, le)
+            expected = d.count - (d.count_above(bound) if bound != math.inf else 0)
+            assert after.get(key, 0) - before.get(key, 0) == expected, (label, bound)
+        key = (f"{STATE_SECONDS}_sum", label, "")
+        added = after.get(key, 0) - before.get(key, 0)
+        assert math.isclose(added, d.total, rel_tol=1e-9, abs_tol=1e-9)

@@ -1,0 +1,569 @@
+"""Suggested deadlines from time-in-state statistics: the rule of docs/advice.md.
+
+Per state, with *rate* the acceptable false-timeout rate (the operator's one knob):
+
+1. not enough data: fewer than *min_samples* recorded stays (default ⌈10 / rate⌉, so
+   at least ten stays lie beyond the quantile read) -> no suggestion;
+2. ``q`` = the ``1 - rate`` quantile of the recorded stays (p99.9 for 0.1 %), estimated
+   from above (never below the true sample quantile);
+3. suggestion = ``max(q x margin, floor)``, rounded up to the next value of
+   :data:`stallguard._stats.LADDER` (1, 2, 5 x 10^k s below 10 s; 15 s, 20 s, 30 s, 45 s,
+   1 min, 90 s, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 45 min, 1 h... one week). Beyond a
+   week: no suggestion.
+
+It also reports how many recorded stays the suggestion would have failed (exact: every
+ladder value is a bucket bound) and flags a tail that is still growing:
+
+* *trend* (given a *baseline*, an earlier copy of the same statistics): the p99 of the
+  stays recorded since the baseline is more than 1.5 times the baseline's p99, beyond
+  the histogram's resolution (the recent p99's lower bound exceeds 1.5 x the baseline
+  p99's upper bound), with at least 100 values on each side;
+* *live*: with a snapshot, a request still in the state is older than every recorded
+  stay, or older than the suggestion.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from ._details import Mode, Snapshot
+from ._spec import state_label
+from ._stats import LADDER, Distribution, StateStatistics, Statistics
+
+__all__ = [
+    "Advice",
+    "StateAdvice",
+    "advise",
+    "format_seconds",
+    "read_prometheus",
+    "round_up",
+    "statistics_from_prometheus",
+]
+
+#: the recent p99 must exceed this factor times the earlier p99 to flag a growing tail
+GROWTH_FACTOR = 1.5
+#: values needed on each side of the window for the trend test
+TREND_MIN = 100
+
+
+def round_up(seconds: float) -> float | None:
+    """The smallest :data:`~stallguard._stats.LADDER` value ≥ *seconds*, or None beyond
+    one week."""
+    for value in LADDER:
+        if value >= seconds:
+            return value
+    return None
+
+
+def format_seconds(seconds: float | None) -> str:
+    """A short human duration: ``"450ms"``, ``"2.5s"``, ``"120s"``, ``"—"`` for None."""
+    if seconds is None:
+        return "—"
+    if math.isinf(seconds):
+        return "inf"
+    if seconds < 1:
+        return f"{seconds * 1000:.3g}ms"
+    if seconds < 10_000:
+        return f"{seconds:.4g}s"
+    return f"{seconds:.0f}s"
+
+
+@attrs.frozen
+class StateAdvice:
+    """The advice for one state (see :func:`advise` for the rule).
+
+    Attributes:
+        state: the state's label.
+        count: recorded stays (requests that left the state).
+        p50, p99, p999, max: quantiles of the stays in seconds, estimated from above
+            (see :class:`~stallguard.Distribution`); *max* is exact from a watchdog, a
+            bucket bound from a scrape. None without data.
+        quantile: the quantile the rule reads, ``1 - false_timeout_rate``.
+        quantile_seconds: its value (None without data).
+        deadline: the current state deadline (None: none, or unknown).
+        fired: requests the current deadline fired on (enforce) or would have (report);
+            None when unknown.
+        fired_completed: of those, report mode: how many then completed normally (would-be
+            false positives). None when unknown or in enforce mode.
+        over_deadline: recorded stays longer than the current deadline (None without a
+            deadline). In enforce mode stays are cut at the deadline, so this counts the
+            expired ones; in report mode, the ones that overstayed and then left.
+        suggested: the suggested deadline in seconds, or None (see *reason*).
+        over_suggested: recorded stays longer than *suggested* (what it would have failed).
+        enough_data: whether *count* reached *min_samples*.
+        min_samples: the sample count the rule needs.
+        growing: whether the tail is still growing (trend or live; see *warnings*).
+        oldest: with a snapshot: age of the oldest request now in the state.
+        live_over: with a snapshot: requests now in the state older than *suggested*.
+        reason: how the suggestion was reached, or why there is none.
+        warnings: human-readable warnings.
+    """
+
+    state: str
+    count: int
+    p50: float | None
+    p99: float | None
+    p999: float | None
+    max: float | None
+    quantile: float
+    quantile_seconds: float | None
+    deadline: float | None
+    fired: int | None
+    fired_completed: int | None
+    over_deadline: int | None
+    suggested: float | None
+    over_suggested: int | None
+    enough_data: bool
+    min_samples: int
+    growing: bool
+    oldest: float | None
+    live_over: int | None
+    reason: str
+    warnings: tuple[str, ...] = ()
+
+
+def _advice_states(value: Mapping[str, StateAdvice]) -> Mapping[str, StateAdvice]:
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen
+class Advice:
+    """Suggested deadlines per state (:func:`advise`, :meth:`stallguard.Watchdog.advice`).
+
+    Attributes:
+        spec: the spec's name.
+        mode: the watchdog's mode (None if unknown).
+        false_timeout_rate, margin, floor, min_samples: the rule's parameters.
+        states: per state label, its :class:`StateAdvice`.
+    """
+
+    spec: str
+    mode: Mode | None
+    false_timeout_rate: float
+    margin: float
+    floor: float
+    min_samples: int
+    states: Mapping[str, StateAdvice] = attrs.field(converter=_advice_states)
+
+    @property
+    def deadlines(self) -> dict[str, float]:
+        """The suggested deadlines, for the states that have one."""
+        return {s.state: s.suggested for s in self.states.values() if s.suggested is not None}
+
+    def table(self) -> str:
+        """The advice as a fixed-width text table, with warnings below it."""
+        head = (
+            "state",
+            "n",
+            "p50",
+            "p99",
+            "p99.9",
+            "max",
+            "deadline",
+            "fired",
+            "then ok",
+            "suggested",
+            "would fail",
+        )
+        rows = [head]
+        notes: list[str] = []
+        for s in self.states.values():
+            rows.append(
+                (
+                    s.state,
+                    str(s.count),
+                    format_seconds(s.p50),
+                    format_seconds(s.p99),
+                    format_seconds(s.p999),
+                    format_seconds(s.max),
+                    format_seconds(s.deadline),
+                    "—" if s.fired is None else str(s.fired),
+                    "—" if s.fired_completed is None else str(s.fired_completed),
+                    format_seconds(s.suggested),
+                    "—" if s.over_suggested is None else str(s.over_suggested),
+                )
+            )
+            notes.append(f"{s.state}: {s.reason}")
+            notes.extend(f"{s.state}: WARNING: {w}" for w in s.warnings)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        rule = (
+            f"rule: p{_pct(1 - self.false_timeout_rate)} x {self.margin:g}, at least "
+            f"{format_seconds(self.floor)}, rounded up; needs {self.min_samples} stays"
+        )
+        return "\n".join([*lines, "", rule, *notes])
+
+
+def _pct(q: float) -> str:
+    return f"{q * 100:.6g}"
+
+
+def _check(name: str, value: Any, low: float, high: float, *, low_open: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    ok = (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def advise(
+    statistics: Statistics,
+    *,
+    false_timeout_rate: float = 0.001,
+    margin: float = 2.0,
+    floor: float = 10.0,
+    min_samples: int | None = None,
+    completed: Iterable[str] | None = None,
+    snapshot: Snapshot[Any] | None = None,
+    baseline: Statistics | None = None,
+) -> Advice:
+    """Suggest a deadline per state from *statistics* (the rule is in the module
+    docstring and docs/advice.md).
+
+    Args:
+        statistics: from :meth:`stallguard.Watchdog.statistics` or
+            :func:`statistics_from_prometheus`.
+        false_timeout_rate: the share of healthy stays a deadline may fail, in (0, 0.5];
+            0.001 reads p99.9.
+        margin: factor ≥ 1 applied to that quantile.
+        floor: the shortest deadline to suggest, seconds ≥ 0 (default 10 s: a watchdog
+            catches wedged requests; it is not a latency SLO).
+        min_samples: stays needed for a suggestion; default ⌈10 / false_timeout_rate⌉.
+        completed: terminal state labels that count as normal completion for the
+            would-be false positives; default: what the statistics say (the spec's first
+            terminal state).
+        snapshot: a :class:`~stallguard.Snapshot` with requests, to flag requests that
+            are in a state now and older than its suggestion or than any recorded stay.
+        baseline: an earlier copy of the same statistics (an earlier
+            :meth:`~stallguard.Watchdog.statistics` or scrape): flags a state whose tail
+            grew since then (the *trend* test above).
+
+    Raises:
+        ValueError: naming the parameter, for a value out of range.
+    """
+    rate = _check("false_timeout_rate", false_timeout_rate, 0.0, 0.5, low_open=True)
+    margin = _check("margin", margin, 1.0, math.inf, low_open=False)
+    if math.isinf(margin):
+        raise ValueError(f"margin must be finite, got {margin!r}")
+    floor = _check("floor", floor, 0.0, LADDER[-1], low_open=False)
+    if min_samples is None:
+        need = math.ceil(round(10 / rate, 9))
+    elif isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+        raise ValueError(f"min_samples must be a positive int, got {min_samples!r}")
+    else:
+        need = min_samples
+    done = None if completed is None else tuple(completed)
+    ages: dict[str, list[float]] = {}
+    if snapshot is not None:
+        for request in snapshot.requests:
+            label = state_label(request.state)
+            ages.setdefault(label, []).append(request.age)
+    states = {
+        label: _advise_state(
+            s,
+            statistics.mode,
+            rate,
+            margin,
+            floor,
+            need,
+            done,
+            ages.get(label),
+            snapshot,
+            _earlier(s, baseline),
+        )
+        for label, s in statistics.states.items()
+    }
+    return Advice(
+        spec=statistics.spec,
+        mode=statistics.mode,
+        false_timeout_rate=rate,
+        margin=margin,
+        floor=floor,
+        min_samples=need,
+        states=states,
+    )
+
+
+def _advise_state(
+    s: StateStatistics,
+    mode: Mode | None,
+    rate: float,
+    margin: float,
+    floor: float,
+    need: int,
+    completed: tuple[str, ...] | None,
+    ages: list[float] | None,
+    snapshot: Snapshot[Any] | None,
+    earlier: Distribution | None,
+) -> StateAdvice:
+    dist = s.distribution
+    n = dist.count
+    q = 1 - rate
+    q_seconds = dist.quantile(q)
+    warnings: list[str] = []
+    fired_completed = None
+    if mode == "enforce":
+        pass  # a failed request cannot complete: nothing to count
+    elif s.fired is not None and s.fired_then:
+        labels = s.completed if completed is None else completed
+        fired_completed = sum(s.fired_then.get(label, 0) for label in labels)
+    elif s.fired is not None and s.completed:
+        fired_completed = 0
+    if fired_completed and s.fired:
+        warnings.append(
+            f"the current deadline fired on {s.fired} request(s), {fired_completed} of which "
+            "then completed normally: enforcing it would have failed them"
+        )
+    suggested = None
+    if n < need:
+        reason = f"not enough data: {n} stays recorded, {need} needed"
+    elif q_seconds is None or math.isinf(q_seconds):
+        reason = f"p{_pct(q)} lies beyond the largest bucket: no suggestion"
+    else:
+        raw = max(q_seconds * margin, floor)
+        suggested = round_up(raw)
+        if suggested is None:
+            reason = f"p{_pct(q)} x {margin:g} = {format_seconds(raw)}: beyond one week"
+        else:
+            floored = " (the floor)" if floor >= q_seconds * margin else ""
+            reason = (
+                f"p{_pct(q)} ≤ {format_seconds(q_seconds)}; x {margin:g} = "
+                f"{format_seconds(q_seconds * margin)}; at least {format_seconds(floor)}"
+                f"{floored}; rounded up: {format_seconds(suggested)}"
+            )
+    growing = _trend(dist, earlier, warnings)
+    oldest = live_over = None
+    if snapshot is not None:
+        live = ages or []
+        oldest = max(live) if live else None
+        if suggested is not None:
+            live_over = sum(1 for age in live if age > suggested)
+            if live_over:
+                growing = True
+                warnings.append(
+                    f"{live_over} request(s) in {s.state} now are older than the suggested "
+                    f"{format_seconds(suggested)} (oldest {format_seconds(oldest)})"
+                )
+        top = dist.max
+        if oldest is not None and top is not None and oldest > top and not live_over:
+            growing = True
+            warnings.append(
+                f"a request in {s.state} now ({format_seconds(oldest)}) is older than every "
+                f"recorded stay (max {format_seconds(top)}): the tail is still growing"
+            )
+    if mode == "enforce" and s.fired:
+        warnings.append(
+            f"enforce mode: {s.fired} stay(s) were cut at the current deadline when it "
+            "failed them; how long they would have lasted is unknown (learn it in report "
+            "mode)"
+        )
+    return StateAdvice(
+        state=s.state,
+        count=n,
+        p50=dist.quantile(0.5),
+        p99=dist.quantile(0.99),
+        p999=dist.quantile(0.999),
+        max=dist.quantile(1.0),
+        quantile=q,
+        quantile_seconds=q_seconds,
+        deadline=s.deadline,
+        fired=s.fired,
+        fired_completed=fired_completed,
+        over_deadline=None if s.deadline is None else dist.count_above(s.deadline),
+        suggested=suggested,
+        over_suggested=None if suggested is None else dist.count_above(suggested),
+        enough_data=n >= need,
+        min_samples=need,
+        growing=growing,
+        oldest=oldest,
+        live_over=live_over,
+        reason=reason,
+        warnings=tuple(warnings),
+    )
+
+
+def _earlier(s: StateStatistics, baseline: Statistics | None) -> Distribution | None:
+    """The baseline's distribution for *s*'s state, if it is an earlier copy of it."""
+    if baseline is None:
+        return None
+    before = baseline.states.get(s.state)
+    if before is None:
+        return None
+    dist, old = s.distribution, before.distribution
+    if old.bounds != dist.bounds or any(
+        b > a for a, b in zip(dist.counts, old.counts, strict=True)
+    ):
+        raise ValueError(
+            f"baseline: state {s.state!r} is not an earlier copy of the same statistics "
+            "(different buckets, or more values than now)"
+        )
+    return old
+
+
+def _trend(dist: Distribution, earlier: Distribution | None, warnings: list[str]) -> bool:
+    if earlier is None:
+        return False
+    recent = dist - earlier
+    if earlier.count < TREND_MIN or recent.count < TREND_MIN:
+        return False
+    before = earlier.quantile_range(0.99)
+    after = recent.quantile_range(0.99)
+    assert before is not None and after is not None
+    if after[0] > GROWTH_FACTOR * before[1]:
+        warnings.append(
+            f"the tail is growing: p99 of the latest {recent.count} stays is above "
+            f"{format_seconds(after[0])}, against at most {format_seconds(before[1])} for "
+            f"the {earlier.count} in the baseline"
+        )
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------- Prometheus
+
+_LINE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
+)
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], value)
+
+
+def read_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text exposition: ``(name, labels, value)``. Comments
+    and blank lines are skipped.
+
+    Raises:
+        ValueError: naming the line, for a line that is not a sample.
+    """
+    samples = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        m = _LINE.match(stripped)
+        if m is None:
+            raise ValueError(f"line {number} is not a Prometheus sample: {line!r}")
+        labels: dict[str, str] = {}
+        raw = m.group("labels")
+        if raw:
+            pos = 0
+            while pos < len(raw):
+                lm = _LABEL.match(raw, pos)
+                if lm is None:
+                    raise ValueError(f"line {number}: cannot read the labels {{{raw}}}")
+                labels[lm.group(1)] = _unescape(lm.group(2))
+                pos = lm.end()
+        try:
+            value = float(m.group("value"))
+        except ValueError:
+            raise ValueError(f"line {number}: value {m.group('value')!r} is not a number") from None
+        samples.append((m.group("name"), labels, value))
+    return samples
+
+
+def statistics_from_prometheus(
+    text: str,
+    *,
+    histogram: str,
+    spec: str = "",
+    where: Mapping[str, str] | None = None,
+    state_label: str = "state",
+    deadlines: Mapping[str, float | None] | None = None,
+    deadline_gauge: str | None = None,
+    fired_counter: str | None = None,
+    completed_counter: str | None = None,
+) -> Statistics:
+    """Time-in-state statistics from a Prometheus text exposition.
+
+    The series of *histogram* (``<histogram>_bucket`` with ``le``, ``<histogram>_sum``)
+    whose labels include *where* are summed per value of *state_label* (over every other
+    label, e.g. ranks). Quantiles then have the scrape's bucket resolution, estimated
+    from above (see :meth:`Distribution.quantile`); the maximum is unknown.
+
+    Args:
+        histogram: the histogram's metric name (without ``_bucket``).
+        spec: the name to give the statistics.
+        where: labels a series must carry to count (e.g. ``{"backend": "nixl"}``).
+        state_label: the label naming the state.
+        deadlines: the current deadline per state, if known; else read from
+            *deadline_gauge* (a gauge per state, in seconds; the maximum across series).
+        fired_counter: a counter per state of requests the deadline fired on (summed).
+        completed_counter: a counter per state of reported requests that then completed
+            normally (summed).
+
+    Raises:
+        ValueError: if the text has no bucket of *histogram* matching *where*, or
+            inconsistent buckets.
+    """
+    where = dict(where or {})
+    buckets: dict[str, dict[float, float]] = {}
+    sums: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    fired: dict[str, float] = {}
+    done: dict[str, float] = {}
+
+    def wanted(labels: dict[str, str]) -> str | None:
+        if any(labels.get(k) != v for k, v in where.items()):
+            return None
+        return labels.get(state_label)
+
+    for name, labels, value in read_prometheus(text):
+        state = wanted(labels)
+        if state is None:
+            continue
+        if name == f"{histogram}_bucket" and "le" in labels:
+            le = float(labels["le"])
+            per = buckets.setdefault(state, {})
+            per[le] = per.get(le, 0.0) + value
+        elif name == f"{histogram}_sum":
+            sums[state] = sums.get(state, 0.0) + value
+        elif deadline_gauge is not None and name == deadline_gauge:
+            gauges[state] = max(gauges.get(state, 0.0), value)
+        elif fired_counter is not None and name in (fired_counter, f"{fired_counter}_total"):
+            fired[state] = fired.get(state, 0.0) + value
+        elif completed_counter is not None and name in (
+            completed_counter,
+            f"{completed_counter}_total",
+        ):
+            done[state] = done.get(state, 0.0) + value
+    if not buckets:
+        raise ValueError(
+            f"no {histogram}_bucket series with labels {where!r} and a {state_label!r} "
+            "label in the text"
+        )
+    states: dict[str, StateStatistics] = {}
+    for state, per in sorted(buckets.items()):
+        bounds = tuple(sorted(per))
+        if bounds[-1] != math.inf:
+            raise ValueError(f'{histogram} for state {state!r} has no le="+Inf" bucket')
+        cumulative = [round(per[b]) for b in bounds]
+        counts = [c - p for c, p in zip(cumulative, [0, *cumulative[:-1]], strict=True)]
+        if any(c < 0 for c in counts):
+            raise ValueError(f"{histogram} for state {state!r}: buckets are not cumulative")
+        if deadlines is not None:
+            deadline = deadlines.get(state)
+        else:
+            g = gauges.get(state)
+            deadline = g if g is not None and g > 0 else None
+        known_fired = fired_counter is not None
+        states[state] = StateStatistics(
+            state=state,
+            deadline=deadline,
+            distribution=Distribution(bounds, tuple(counts), sums.get(state, math.nan), None),
+            fired=round(fired.get(state, 0)) if known_fired else None,
+            fired_then={"completed": round(done.get(state, 0))} if completed_counter else {},
+            completed=("completed",) if completed_counter else (),
+        )
+    return Statistics(spec=spec, mode=None, states=states)

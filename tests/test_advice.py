@@ -1,0 +1,249 @@
+"""stallguard.advise and Watchdog.advice: the rule of docs/advice.md, tried on random
+distributions against the same rule computed on the exact samples."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import stallguard as sg
+from stallguard._advice import read_prometheus, round_up
+from stallguard._stats import LADDER, RESOLUTION, StatsRecorder, sample_quantile
+from stallguard.instrumentation import set_on_expire_hooks
+from stallguard.testing import FakeClock
+
+SPEC = sg.Spec("adv", {"Wait": 120, "Move": None}, terminal=["Success", "Failed"])
+
+durations = st.floats(min_value=-3, max_value=5).map(lambda e: 10.0**e)
+rates = st.sampled_from([0.5, 0.1, 0.01, 0.001])
+margins = st.sampled_from([1.0, 1.5, 2.0, 3.0])
+floors = st.sampled_from([0.0, 1.0, 10.0, 30.0])
+
+
+def statistics(values: list[float], state: str = "Wait") -> sg.Statistics:
+    rec = StatsRecorder(SPEC)
+    for v in values:
+        rec.left(state, v)
+    return rec.freeze("report")
+
+
+def exact_rule(values: list[float], rate: float, margin: float, floor: float) -> float | None:
+    return round_up(max(sample_quantile(values, 1 - rate) * margin, floor))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(durations, min_size=1, max_size=400), rates, margins, floors)
+def test_suggestion_is_the_exact_rule_within_the_histogram_resolution(values, rate, margin, floor):
+    """The suggestion is never below the rule applied to the exact samples, and never
+    above the rule applied to the exact quantile times RESOLUTION; the stays it would
+    have failed are counted exactly."""
+    advice = sg.advise(
+        statistics(values), false_timeout_rate=rate, margin=margin, floor=floor, min_samples=1
+    )
+    wait = advice.states["Wait"]
+    exact = exact_rule(values, rate, margin, floor)
+    high = round_up(max(sample_quantile(values, 1 - rate) * RESOLUTION * margin, floor))
+    assert wait.count == len(values)
+    if exact is None:
+        assert wait.suggested is None or high is None
+        return
+    assert wait.suggested is not None
+    assert exact <= wait.suggested <= (high if high is not None else math.inf)
+    assert wait.suggested in LADDER
+    assert wait.over_suggested == sum(1 for v in values if v > wait.suggested)
+    assert wait.over_deadline == sum(1 for v in values if v > 120)
+    assert sample_quantile(values, 0.5) <= wait.p50 <= sample_quantile(values, 0.5) * RESOLUTION
+    assert wait.max == max(values)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(durations, min_size=1, max_size=200), rates)
+def test_suggestion_fails_at_most_the_rate_of_stays(values, rate):
+    """With margin 1 and no floor the suggestion sits at or above the 1 - rate quantile,
+    so it fails at most a share *rate* of the recorded stays."""
+    advice = sg.advise(
+        statistics(values), false_timeout_rate=rate, margin=1, floor=0, min_samples=1
+    )
+    wait = advice.states["Wait"]
+    if wait.suggested is not None:
+        assert wait.over_suggested <= rate * len(values)
+
+
+def test_known_distribution_reads_its_quantiles():
+    """Uniform 0..10 s in 10 ms steps: p50 = 5 s, p99 = 9.9 s, p99.9 = 9.99 s."""
+    values = [i / 100 for i in range(1, 1001)]
+    wait = sg.advise(statistics(values), min_samples=1000).states["Wait"]
+    for got, true in ((wait.p50, 5.0), (wait.p99, 9.9), (wait.p999, 9.99)):
+        assert true <= got <= true * RESOLUTION
+    assert wait.suggested == 20.0  # 9.99 x 2 -> 20 s, above the 10 s floor
+    assert wait.over_suggested == 0
+    assert "p99.9" in wait.reason and "20s" in wait.reason
+
+
+def test_not_enough_data():
+    advice = sg.advise(statistics([1.0] * 9_999))
+    wait = advice.states["Wait"]
+    assert advice.min_samples == 10_000  # 10 / 0.1 %
+    assert not wait.enough_data and wait.suggested is None
+    assert wait.reason == "not enough data: 9999 stays recorded, 10000 needed"
+    assert advice.states["Move"].reason.startswith("not enough data: 0 stays")
+    assert sg.advise(statistics([1.0] * 10_000)).states["Wait"].suggested == 10.0
+    assert sg.advise(statistics([1.0] * 50), min_samples=50).states["Wait"].enough_data
+
+
+def test_floor_and_beyond_a_week():
+    assert sg.advise(statistics([0.01] * 10), min_samples=1).states["Wait"].suggested == 10.0
+    advice = sg.advise(statistics([0.01] * 10), min_samples=1, floor=0)
+    assert advice.states["Wait"].suggested == 0.02
+    far = sg.advise(statistics([400_000.0] * 10), min_samples=1).states["Wait"]
+    assert far.suggested is None and "beyond one week" in far.reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"false_timeout_rate": 0}, "false_timeout_rate must be in \\(0, 0.5\\], got 0"),
+        ({"false_timeout_rate": 0.9}, "false_timeout_rate"),
+        ({"false_timeout_rate": "1%"}, "false_timeout_rate must be a number, got '1%'"),
+        ({"margin": 0.5}, "margin must be in \\[1, inf\\], got 0.5"),
+        ({"margin": math.inf}, "margin must be finite"),
+        ({"floor": -1}, "floor must be in"),
+        ({"min_samples": 0}, "min_samples must be a positive int, got 0"),
+        ({"min_samples": True}, "min_samples"),
+    ],
+)
+def test_bad_parameters_name_the_parameter(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sg.advise(statistics([1.0]), **kwargs)
+
+
+def test_growing_tail_by_trend_and_not_when_stationary():
+    rng = random.Random(5)
+    steady = [rng.uniform(0.5, 1.5) for _ in range(6000)]
+    calm = sg.advise(statistics(steady), min_samples=1).states["Wait"]
+    assert not calm.growing and calm.warnings == ()
+    early = statistics(steady[:3000])
+    calm_since = sg.advise(statistics(steady), min_samples=1, baseline=early).states["Wait"]
+    assert not calm_since.growing
+    worse = steady[:3000] + [rng.uniform(5, 15) for _ in range(3000)]
+    rising = sg.advise(statistics(worse), min_samples=1, baseline=early).states["Wait"]
+    assert rising.growing
+    assert any("the tail is growing" in w for w in rising.warnings)
+    assert not sg.advise(statistics(worse), min_samples=1).states["Wait"].growing  # no baseline
+    with pytest.raises(ValueError, match="baseline: state 'Wait' is not an earlier copy"):
+        sg.advise(early, baseline=statistics(worse))
+
+
+def test_watchdog_advice_flags_live_requests_and_would_be_false_positives():
+    set_on_expire_hooks([])
+    clock = FakeClock()
+    wd = sg.Watchdog(SPEC, clock=clock, mode="report")
+    for key in range(200):  # healthy: 1 s in Wait
+        wd.observe(key, "Wait")
+        clock.advance(1)
+        wd.observe(key, "Success")
+    wd.observe("slow", "Wait")  # overstays 120 s, then succeeds: a would-be false positive
+    clock.advance(130)
+    wd.check()
+    wd.observe("slow", "Success")
+    wd.observe("stuck", "Wait")  # still there
+    clock.advance(310)
+    wd.check()
+    advice = wd.advice(min_samples=100)
+    wait = advice.states["Wait"]
+    assert wait.count == 201 and wait.fired == 2 and wait.fired_completed == 1
+    assert wait.over_deadline == 1  # "slow" left after 130 s
+    # p99.9 of 201 stays is the largest (rank 201): 130 s x 2 = 260 s -> 300 s
+    assert wait.quantile_seconds == 130 and wait.suggested == 300.0
+    assert wait.oldest == 310 and wait.live_over == 1 and wait.growing
+    assert any("then completed normally" in w for w in wait.warnings)
+    assert any("older than the suggested" in w for w in wait.warnings)
+    table = advice.table()
+    assert table.splitlines()[0].split()[:3] == ["state", "n", "p50"]
+    assert "Wait" in table and "WARNING" in table
+
+
+def test_enforce_mode_warns_that_stays_were_cut():
+    set_on_expire_hooks([])
+    clock = FakeClock()
+    wd = sg.Watchdog(SPEC, clock=clock)
+    wd.observe(1, "Wait")
+    clock.advance(121)
+    wd.check()
+    wait = wd.advice(min_samples=1).states["Wait"]
+    assert wait.fired == 1 and wait.fired_completed is None  # enforce: cannot complete
+    assert any("cut at the current deadline" in w for w in wait.warnings)
+
+
+# --------------------------------------------------------------------------- Prometheus
+
+
+def exposition(stats: sg.Statistics, name: str, labels: str) -> str:
+    """A Prometheus text exposition of *stats* at the LADDER bounds, as an exporter with
+    those buckets writes it."""
+    lines = [f"# TYPE {name} histogram"]
+    for label, s in stats.states.items():
+        d = s.distribution
+        for bound in (*LADDER, math.inf):
+            le = "+Inf" if bound == math.inf else repr(bound)
+            below = d.count - (d.count_above(bound) if bound != math.inf else 0)
+            lines.append(f'{name}_bucket{{{labels},state="{label}",le="{le}"}} {below}.0')
+        lines.append(f'{name}_sum{{{labels},state="{label}"}} {d.total}')
+        lines.append(f'{name}_count{{{labels},state="{label}"}} {d.count}.0')
+        lines.append(f'deadline{{{labels},state="{label}"}} {s.deadline or 0}')
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(durations, min_size=1, max_size=300), rates)
+def test_prometheus_round_trip_suggests_no_shorter_deadline(values, rate):
+    """A scrape has coarser buckets (LADDER): its suggestion is never shorter than the
+    in-process one, and counts above any ladder value agree exactly. Two ranks' series
+    are summed."""
+    stats = statistics(values)
+    text = exposition(stats, "x:state_seconds", 'rank="0"') + exposition(
+        stats, "x:state_seconds", 'rank="1"'
+    )
+    scraped = sg.statistics_from_prometheus(
+        text, histogram="x:state_seconds", deadline_gauge="deadline", spec="adv"
+    )
+    assert scraped.states["Wait"].count == 2 * len(values)
+    assert scraped.states["Wait"].deadline == 120.0
+    assert scraped.states["Move"].deadline is None
+    doubled = statistics(values + values)
+    fine = sg.advise(doubled, false_timeout_rate=rate, min_samples=1).states["Wait"]
+    coarse = sg.advise(scraped, false_timeout_rate=rate, min_samples=1).states["Wait"]
+    if fine.suggested is not None and coarse.suggested is not None:
+        assert fine.suggested <= coarse.suggested
+        assert coarse.over_suggested == doubled.states["Wait"].distribution.count_above(
+            coarse.suggested
+        )
+    for value in LADDER:
+        assert scraped.states["Wait"].distribution.count_above(value) == 2 * sum(
+            1 for v in values if v > value
+        )
+
+
+def test_read_prometheus_labels_escapes_and_errors():
+    text = (
+        "# HELP a x\n"
+        'a_total{q="in\\"flight",b="x\\\\y",c="line\\nbreak"} 3 1700000000\n'
+        "b 1e3\n"
+        'c{le="+Inf"} +Inf\n'
+    )
+    samples = read_prometheus(text)
+    assert samples[0] == ("a_total", {"q": 'in"flight', "b": "x\\y", "c": "line\nbreak"}, 3.0)
+    assert samples[1] == ("b", {}, 1000.0)
+    assert samples[2][2] == math.inf
+    with pytest.raises(ValueError, match="line 1 is not a Prometheus sample"):
+        read_prometheus("{oops} 1\n")
+    with pytest.raises(ValueError, match="line 2: cannot read the labels"):
+        read_prometheus("a 1\na{b=1} 2\n")
+    with pytest.raises(ValueError, match="line 1: value 'abc' is not a number"):
+        read_prometheus("a abc\n")
+    with pytest.raises(ValueError, match="no h_bucket series"):
+        sg.statistics_from_prometheus("a 1\n", histogram="h")
