@@ -161,7 +161,9 @@ class Model:
             return
         terminal = state in ("ok", "err")
         if current is None:
-            if not terminal:
+            if terminal:
+                self.gone.add(key)  # a finished request is never tracked again
+            else:
                 self.where[key] = (state, now)
             return
         self.leave(key, now)
