@@ -190,6 +190,7 @@ class _Slot:
 
     __slots__ = (
         "deadline",
+        "hist",
         "label",
         "parked",
         "seconds",
@@ -216,6 +217,8 @@ class _Slot:
         )
         #: report mode: records whose state deadline was reported -> state start
         self.parked: dict[_Rec, float] = {}
+        #: the state's time-in-state histogram (None: statistics off, or terminal)
+        self.hist: Any = None
 
 
 @attrs.frozen(eq=False)
@@ -376,6 +379,9 @@ class Watchdog(Generic[K]):
         self._runner_errors = 0
         #: time-in-state statistics (docs/advice.md); None when switched off
         self._stats: StatsRecorder | None = StatsRecorder(spec) if options.statistics else None
+        if self._stats is not None:
+            for slot in live:
+                slot.hist = self._stats.hist(slot.state)
         # expiries an interrupted check() could not hand to every hook: (expiry, hooks)
         self._carry: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]] = []
         self._listeners: tuple[Listener, ...] = ()
@@ -555,10 +561,11 @@ class Watchdog(Generic[K]):
                     old.parked.pop(rec, None)
                 if self._leave_listeners:
                     left = (old.label, now - rec.since)
-                stats = self._stats
-                if stats is not None:
-                    stats.left(old.state, now - rec.since)
+                hist = old.hist
+                if hist is not None:  # time in state (statistics=True)
+                    hist.add(now - rec.since)
                 if slot.terminal:
+                    stats = self._stats
                     if stats is not None and stats._reported:  # how a reported one ended
                         stats.ended(key, slot.state)
                     self._untrack(rec, _CONCLUDED)
