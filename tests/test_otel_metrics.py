@@ -83,6 +83,17 @@ def test_expiry_counter_by_spec_state_reason_mode(reader):
         )
         for k, p in found.items()
     }
+    # error.type (OpenTelemetry's recording-errors convention) on the enforced ones only
+    error_types = {
+        (dict(k)["stallguard.mode"], dict(k)["stallguard.reason"]): dict(k).get("error.type")
+        for k in found
+    }
+    assert error_types == {
+        ("enforce", "state"): "state_deadline_exceeded",
+        ("enforce", "stall"): "stall_window_exceeded",
+        ("report", "state"): None,
+        ("report", "stall"): None,
+    }
     # Exactly what check() returned, grouped by mode, reason and state...
     assert counted == Counter((e.mode, e.reason, e.state_label) for e in expiries)
     # ...which, in enforce mode, is one expiry per request.
@@ -166,12 +177,12 @@ def test_gauges_sum_counts_and_max_ages_over_a_specs_watchdogs(reader):
     other.observe("z", "Transferring")
     clock_one.advance(5)
 
-    requests = by_state(points(reader, si.METRIC_REQUESTS, "m_gauge"))
+    requests = by_state(points(reader, si.METRIC_REQUEST_COUNT, "m_gauge"))
     ages = by_state(points(reader, si.METRIC_OLDEST_AGE, "m_gauge"))
     assert {s: p.value for s, p in requests.items()} == {"Bootstrapping": 3, "Transferring": 0}
     # oldest: "a", 45 s on one's clock ("c" is 10 s old on two's)
     assert {s: p.value for s, p in ages.items()} == {"Bootstrapping": 45, "Transferring": 0}
-    other_requests = by_state(points(reader, si.METRIC_REQUESTS, "m_gauge_other"))
+    other_requests = by_state(points(reader, si.METRIC_REQUEST_COUNT, "m_gauge_other"))
     assert {s: p.value for s, p in other_requests.items()} == {
         "Bootstrapping": 0,
         "Transferring": 1,
@@ -234,7 +245,8 @@ def test_disable_metrics(reader):
     assert [p.value for p in counted.values()] == [2]  # the third was not counted
     (duration,) = points(reader, si.METRIC_STATE_DURATION, "m_off").values()
     assert duration.count == 2
-    assert points(reader, si.METRIC_REQUESTS, "m_off") == {}  # gauges report nothing
+    assert points(reader, si.METRIC_REQUEST_COUNT, "m_off") == {}  # observables: nothing
+    assert points(reader, si.METRIC_REQUESTS, "m_off") == {}
     assert points(reader, si.METRIC_OLDEST_AGE, "m_off") == {}
 
 
@@ -270,7 +282,7 @@ def test_enable_twice_on_one_provider_keeps_every_metric():
     assert [p.value for p in points(reader, si.METRIC_EXPIRIES, "m_twice").values()] == [2]
     (duration,) = points(reader, si.METRIC_STATE_DURATION, "m_twice").values()
     assert duration.count == 2  # each transition recorded once, not twice
-    requests = by_state(points(reader, si.METRIC_REQUESTS, "m_twice"))
+    requests = by_state(points(reader, si.METRIC_REQUEST_COUNT, "m_twice"))
     assert {s: p.value for s, p in requests.items()} == {"Bootstrapping": 0, "Transferring": 1}
     ages = by_state(points(reader, si.METRIC_OLDEST_AGE, "m_twice"))
     assert ages["Transferring"].value == 1
@@ -306,3 +318,31 @@ def test_enable_metrics_rejects_bad_arguments(kwargs, message):
     with pytest.raises(sg.ConfigError, match=message):
         si.enable_metrics(**kwargs)
     assert sg.Watchdog(spec("m_bad"), clock=FakeClock()).on_leave is None  # nothing enabled
+
+
+def test_request_count_is_an_up_down_counter_and_the_old_gauge_still_reports(reader):
+    """OpenTelemetry's naming conventions: an additive count of things is an up-down
+    counter named ``*.count``; the 0.1.0 gauge name reports the same values until 0.2."""
+    from opentelemetry.sdk.metrics.export import Gauge, Sum
+
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_kind"), clock=clock)
+    for key in "abc":
+        watchdog.observe(key, "Bootstrapping")
+    watchdog.observe("c", "Transferring")
+
+    assert si.METRIC_REQUEST_COUNT == "stallguard.request.count"
+    data = reader.get_metrics_data()
+    metrics = {
+        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
+    count = metrics["stallguard.request.count"]
+    assert isinstance(count.data, Sum)
+    assert count.data.is_monotonic is False  # up-down
+    assert count.unit == "{request}"
+    old = metrics["stallguard.requests"]
+    assert isinstance(old.data, Gauge)
+    assert "deprecated" in old.description.lower()
+    for name in (si.METRIC_REQUEST_COUNT, si.METRIC_REQUESTS):
+        values = {s: p.value for s, p in by_state(points(reader, name, "m_kind")).items()}
+        assert values == {"Bootstrapping": 2, "Transferring": 1}
