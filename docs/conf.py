@@ -112,8 +112,9 @@ def _constants(modname: str) -> list[str]:
     return [
         n
         for n in getattr(module, "__all__", [])
-        if not (inspect.isclass(v := getattr(module, n)) or callable(v) or inspect.ismodule(v))
-        or type(v).__module__.startswith(modname.partition(".")[0])  # e.g. a hook object
+        if not (
+            inspect.isclass(v := getattr(module, n)) or inspect.isroutine(v) or inspect.ismodule(v)
+        )  # values, type aliases (Mode, AsyncWait) and objects such as the default hooks
     ]
 
 

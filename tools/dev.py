@@ -4,6 +4,7 @@
     python3 tools/dev.py env                 create/update .venv and .venv-sglang0517
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
     python3 tools/dev.py demo [demo args]    `env`, then the PD wedge demo (examples/pd_wedge)
+    python3 tools/dev.py docs                `env`, then build the docs site into docs/_build/html
     python3 tools/dev.py lock                re-resolve the package lists into tools/lock/
 
 Every venv is installed from a **lock**: `tools/lock/<venv>.txt` lists every
@@ -283,8 +284,12 @@ def run(
                     m = PIP_COLLECTING.match(line) or PIP_SATISFIED.match(line)
                     if m:
                         seen += 1
-                        what = "present " if line.startswith("Requirement") else ""
-                        log(f"  [{seen}/{progress_total}] {what}{Path(m.group(1)).name}")
+                        present = "present " if line.startswith("Requirement") else ""
+                        log(f"  [{seen}/{progress_total}] {present}{Path(m.group(1)).name}")
+                        continue
+                    if line.startswith("Installing collected packages: "):
+                        n = line.count(",") + 1
+                        log(f"  unpacking {n} distributions into the venv (big wheels take long)")
                         continue
                     if PIP_QUIET.match(line):
                         continue
@@ -853,6 +858,21 @@ def demo_command(args: list[str]) -> int:
     return subprocess.call(cmd, cwd=ROOT)
 
 
+def docs_command() -> int:
+    """The docs site (docs/conf.py), built as strictly as the test suite builds it."""
+    rc = env_command()
+    if rc:
+        return rc
+    out = ROOT / "docs" / "_build" / "html"
+    cmd = [str(venv_python(VENV)), "-m", "sphinx", "-W", "--keep-going", "-n", "-b", "html"]
+    cmd += [str(ROOT / "docs"), str(out)]
+    log("docs: " + " ".join(cmd))
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc == 0:
+        log(f"docs: open file://{out / 'index.html'}")
+    return rc
+
+
 USAGE = __doc__.split("\n\n")[1]
 
 
@@ -871,6 +891,11 @@ def main(argv: list[str]) -> int:
             return test_command(rest)
         if cmd == "demo":
             return demo_command(rest)
+        if cmd == "docs":
+            if rest:
+                print(f"docs takes no arguments\n{USAGE}", file=sys.stderr)
+                return 2
+            return docs_command()
         if cmd == "lock":
             if rest:
                 print(f"lock takes no arguments\n{USAGE}", file=sys.stderr)
