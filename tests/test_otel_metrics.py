@@ -10,6 +10,8 @@ import logging
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -346,3 +348,62 @@ def test_request_count_is_an_up_down_counter_and_the_old_gauge_still_reports(rea
     for name in (si.METRIC_REQUEST_COUNT, si.METRIC_REQUESTS):
         values = {s: p.value for s, p in by_state(points(reader, name, "m_kind")).items()}
         assert values == {"Bootstrapping": 2, "Transferring": 1}
+
+
+# --------------------------------------------------------------------------- properties
+
+_STATES = ["Bootstrapping", "Transferring", "Success", "Failed"]
+_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("observe"), st.integers(0, 5), st.sampled_from(_STATES)),
+        st.tuples(st.just("heartbeat"), st.integers(0, 5), st.just("")),
+        st.tuples(
+            st.just("advance"), st.sampled_from([1.0, 10.0, 29.0, 31.0, 150.0, 301.0]), st.just("")
+        ),
+        st.tuples(st.just("check"), st.just(0), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=_steps, mode=st.sampled_from(["enforce", "report"]))
+def test_property_error_type_and_request_count(steps, mode):
+    """Whatever the sequence of observations, heartbeats and checks: every counted
+    expiry carries ``error.type`` exactly when it was enforced, and then the one named
+    for its reason; the request count (new and deprecated name alike) equals the
+    watchdog's own per-state count at every collection."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    si.set_on_expire_hooks([])
+    si.enable_metrics(provider, state_durations=False)
+    try:
+        clock = FakeClock()
+        watchdog = sg.Watchdog(spec("m_prop"), clock=clock, mode=mode)
+        for op, arg, state in steps:
+            if op == "observe":
+                watchdog.observe(arg, state)
+            elif op == "heartbeat" and arg in watchdog:
+                watchdog.heartbeat(arg)
+            elif op == "advance":
+                clock.advance(arg)
+            elif op == "check":
+                watchdog.check()
+            expected = {
+                label: summary.count
+                for label, summary in watchdog.snapshot(requests=False).states.items()
+            }
+            for name in (si.METRIC_REQUEST_COUNT, si.METRIC_REQUESTS):
+                found = by_state(points(reader, name, "m_prop"))
+                assert {s: p.value for s, p in found.items()} == expected
+        for key, point in points(reader, si.METRIC_EXPIRIES, "m_prop").items():
+            attributes = dict(key)
+            assert attributes["stallguard.mode"] == mode
+            if mode == "enforce":
+                assert attributes["error.type"] == si.ERROR_TYPES[attributes["stallguard.reason"]]
+            else:
+                assert "error.type" not in attributes
+            assert point.value >= 1
+    finally:
+        si.disable_metrics()
+        provider.shutdown()

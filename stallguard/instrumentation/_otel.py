@@ -118,7 +118,7 @@ def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
         links = None
         if expiry.trace_links:
             links = [x for x in map(link, expiry.trace_links) if x is not None]
-        attributes = {
+        attributes: dict[str, Any] = {
             "stallguard.spec": expiry.spec,
             "stallguard.key": str(expiry.key),
             "stallguard.state": expiry.state_label,
