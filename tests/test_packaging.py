@@ -147,6 +147,8 @@ def test_build_both_distributions_with_license_and_twine_check(tmp_path):
         with tarfile.open(sdist) as tar:
             top = tar.getnames()[0].split("/")[0]
             assert tar.extractfile(f"{top}/LICENSE").read() == LICENSE
+            # only this distribution's own files (not the adapters' or benchmarks')
+            assert not [n for n in tar.getnames() if "/adapters/" in n or "/benchmarks/" in n]
         with zipfile.ZipFile(wheel) as whl:
             (licensed,) = [n for n in whl.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
             assert whl.read(licensed) == LICENSE
