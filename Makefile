@@ -1,6 +1,6 @@
 # Both targets install what they need first (tools/dev.py env is idempotent and quick
 # when nothing changed). Only Python 3.11 and this repo are needed.
-.PHONY: demo test env lint
+.PHONY: demo test env lint docs lock
 
 demo:
 	python3 tools/dev.py demo
@@ -13,3 +13,9 @@ env:
 
 lint:
 	python3 tools/dev.py env && .venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+docs:
+	python3 tools/dev.py docs
+
+lock:
+	python3 tools/dev.py lock

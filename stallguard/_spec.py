@@ -209,7 +209,7 @@ class Spec:
 
     @property
     def states(self) -> tuple[State, ...]:
-        """Every declared state: the deadlined ones first, then the terminal ones."""
+        """Every declared state (the deadlined ones first, then the terminal ones)."""
         return (*self.deadlines, *self.terminal)
 
     def state(self, label: str) -> State:

@@ -24,8 +24,17 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import transitions
-from transitions.core import listify
+try:
+    import transitions
+    from transitions.core import listify
+except ImportError as exc:  # the optional extra is not installed
+    if exc.name is None or exc.name.partition(".")[0] != "transitions":
+        raise  # something inside transitions failed to import: not a missing extra
+    raise ImportError(
+        "stallguard.transitions needs the transitions library, which is an optional "
+        "extra: pip install 'stallguard[transitions]'",
+        name=exc.name,
+    ) from exc
 
 from stallguard._details import Expiry, Mode
 from stallguard._errors import ConfigError, StallguardError

@@ -44,6 +44,7 @@ def test_otel_console_example_prints_the_forced_failure_span():
         "stallguard.elapsed_s": 121.0,
         "stallguard.reason": "state",
         "stallguard.mode": "enforce",
+        "error.type": "state_deadline_exceeded",
     }
     # In the request's trace, as a child of its span.
     assert failure["context"]["trace_id"] == request["context"]["trace_id"]

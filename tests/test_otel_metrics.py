@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 from _profiles import at_least
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -86,6 +86,17 @@ def test_expiry_counter_by_spec_state_reason_mode(reader):
             p.value
         )
         for k, p in found.items()
+    }
+    # error.type (OpenTelemetry's recording-errors convention) on the enforced ones only
+    error_types = {
+        (dict(k)["stallguard.mode"], dict(k)["stallguard.reason"]): dict(k).get("error.type")
+        for k in found
+    }
+    assert error_types == {
+        ("enforce", "state"): "state_deadline_exceeded",
+        ("enforce", "stall"): "stall_window_exceeded",
+        ("report", "state"): None,
+        ("report", "stall"): None,
     }
     # Exactly what check() returned, grouped by mode, reason and state...
     assert counted == Counter((e.mode, e.reason, e.state_label) for e in expiries)
@@ -170,12 +181,12 @@ def test_gauges_sum_counts_and_max_ages_over_a_specs_watchdogs(reader):
     other.observe("z", "Transferring")
     clock_one.advance(5)
 
-    requests = by_state(points(reader, si.METRIC_REQUESTS, "m_gauge"))
+    requests = by_state(points(reader, si.METRIC_REQUEST_COUNT, "m_gauge"))
     ages = by_state(points(reader, si.METRIC_OLDEST_AGE, "m_gauge"))
     assert {s: p.value for s, p in requests.items()} == {"Bootstrapping": 3, "Transferring": 0}
     # oldest: "a", 45 s on one's clock ("c" is 10 s old on two's)
     assert {s: p.value for s, p in ages.items()} == {"Bootstrapping": 45, "Transferring": 0}
-    other_requests = by_state(points(reader, si.METRIC_REQUESTS, "m_gauge_other"))
+    other_requests = by_state(points(reader, si.METRIC_REQUEST_COUNT, "m_gauge_other"))
     assert {s: p.value for s, p in other_requests.items()} == {
         "Bootstrapping": 0,
         "Transferring": 1,
@@ -237,7 +248,8 @@ def test_disable_metrics(reader):
     assert [p.value for p in counted.values()] == [2]  # the third was not counted
     (duration,) = points(reader, si.METRIC_STATE_DURATION, "m_off").values()
     assert duration.count == 2
-    assert points(reader, si.METRIC_REQUESTS, "m_off") == {}  # gauges report nothing
+    assert points(reader, si.METRIC_REQUEST_COUNT, "m_off") == {}  # observables: nothing
+    assert points(reader, si.METRIC_REQUESTS, "m_off") == {}
     assert points(reader, si.METRIC_OLDEST_AGE, "m_off") == {}
 
 
@@ -273,7 +285,7 @@ def test_enable_twice_on_one_provider_keeps_every_metric():
     assert [p.value for p in points(reader, si.METRIC_EXPIRIES, "m_twice").values()] == [2]
     (duration,) = points(reader, si.METRIC_STATE_DURATION, "m_twice").values()
     assert duration.count == 2  # each transition recorded once, not twice
-    requests = by_state(points(reader, si.METRIC_REQUESTS, "m_twice"))
+    requests = by_state(points(reader, si.METRIC_REQUEST_COUNT, "m_twice"))
     assert {s: p.value for s, p in requests.items()} == {"Bootstrapping": 0, "Transferring": 1}
     ages = by_state(points(reader, si.METRIC_OLDEST_AGE, "m_twice"))
     assert ages["Transferring"].value == 1
@@ -353,3 +365,90 @@ def test_any_bucket_list_is_taken_exactly_when_the_sdk_can_use_it(buckets: list)
     [point] = metric.data.data_points
     assert point.count == 1 and list(point.explicit_bounds) == list(taken)
     provider.shutdown()
+
+
+def test_request_count_is_an_up_down_counter_and_the_old_gauge_still_reports(reader):
+    """OpenTelemetry's naming conventions: an additive count of things is an up-down
+    counter named ``*.count``; the 0.1.0 gauge name reports the same values until 0.2."""
+    from opentelemetry.sdk.metrics.export import Gauge, Sum
+
+    clock = FakeClock()
+    watchdog = sg.Watchdog(spec("m_kind"), clock=clock)
+    for key in "abc":
+        watchdog.observe(key, "Bootstrapping")
+    watchdog.observe("c", "Transferring")
+
+    assert si.METRIC_REQUEST_COUNT == "stallguard.request.count"
+    data = reader.get_metrics_data()
+    metrics = {
+        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
+    count = metrics["stallguard.request.count"]
+    assert isinstance(count.data, Sum)
+    assert count.data.is_monotonic is False  # up-down
+    assert count.unit == "{request}"
+    old = metrics["stallguard.requests"]
+    assert isinstance(old.data, Gauge)
+    assert "deprecated" in old.description.lower()
+    for name in (si.METRIC_REQUEST_COUNT, si.METRIC_REQUESTS):
+        values = {s: p.value for s, p in by_state(points(reader, name, "m_kind")).items()}
+        assert values == {"Bootstrapping": 2, "Transferring": 1}
+
+
+# --------------------------------------------------------------------------- properties
+
+_STATES = ["Bootstrapping", "Transferring", "Success", "Failed"]
+_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("observe"), st.integers(0, 5), st.sampled_from(_STATES)),
+        st.tuples(st.just("heartbeat"), st.integers(0, 5), st.just("")),
+        st.tuples(
+            st.just("advance"), st.sampled_from([1.0, 10.0, 29.0, 31.0, 150.0, 301.0]), st.just("")
+        ),
+        st.tuples(st.just("check"), st.just(0), st.just("")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=_steps, mode=st.sampled_from(["enforce", "report"]))
+def test_property_error_type_and_request_count(steps, mode):
+    """Whatever the sequence of observations, heartbeats and checks: every counted
+    expiry carries ``error.type`` exactly when it was enforced, and then the one named
+    for its reason; the request count (new and deprecated name alike) equals the
+    watchdog's own per-state count at every collection."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    si.set_on_expire_hooks([])
+    si.enable_metrics(provider, state_durations=False)
+    try:
+        clock = FakeClock()
+        watchdog = sg.Watchdog(spec("m_prop"), clock=clock, mode=mode)
+        for op, arg, state in steps:
+            if op == "observe":
+                watchdog.observe(arg, state)
+            elif op == "heartbeat" and arg in watchdog:
+                watchdog.heartbeat(arg)
+            elif op == "advance":
+                clock.advance(arg)
+            elif op == "check":
+                watchdog.check()
+            expected = {
+                label: summary.count
+                for label, summary in watchdog.snapshot(requests=False).states.items()
+            }
+            for name in (si.METRIC_REQUEST_COUNT, si.METRIC_REQUESTS):
+                found = by_state(points(reader, name, "m_prop"))
+                assert {s: p.value for s, p in found.items()} == expected
+        for key, point in points(reader, si.METRIC_EXPIRIES, "m_prop").items():
+            attributes = dict(key)
+            assert attributes["stallguard.mode"] == mode
+            if mode == "enforce":
+                assert attributes["error.type"] == si.ERROR_TYPES[attributes["stallguard.reason"]]
+            else:
+                assert "error.type" not in attributes
+            assert point.value >= 1
+    finally:
+        si.disable_metrics()
+        provider.shutdown()

@@ -83,6 +83,7 @@ def test_forced_failure_span(exporter):
         "stallguard.elapsed_s": 121.25,
         "stallguard.reason": "state",
         "stallguard.mode": "enforce",
+        "error.type": "state_deadline_exceeded",  # OpenTelemetry's recording-errors convention
     }
     assert span.status.status_code is StatusCode.ERROR
     assert span.status.description == expiry.describe()
@@ -108,6 +109,7 @@ def test_report_mode_span_is_stall_reported_with_status_unset(exporter):
     assert span.status.status_code is StatusCode.UNSET
     assert span.attributes["stallguard.mode"] == "report"
     assert span.attributes["stallguard.state"] == "WaitingForInput"
+    assert "error.type" not in span.attributes  # nothing failed
     assert span.end_time - span.start_time == 125_000_000_000
     assert "r" in watchdog  # report mode fails nothing
 
@@ -123,6 +125,7 @@ def test_stall_span_starts_at_the_last_progress(exporter):
 
     (span,) = exporter.get_finished_spans()
     assert span.attributes["stallguard.reason"] == "stall"
+    assert span.attributes["error.type"] == "stall_window_exceeded"
     assert span.attributes["stallguard.deadline_s"] == 30.0
     assert span.attributes["stallguard.elapsed_s"] == 30.5
     assert before <= span.end_time <= after
@@ -141,6 +144,7 @@ def test_lifetime_span_starts_at_first_sight(exporter):
 
     (span,) = exporter.get_finished_spans()
     assert span.attributes["stallguard.reason"] == "lifetime"
+    assert span.attributes["error.type"] == "lifetime_exceeded"
     assert span.attributes["stallguard.deadline_s"] == 600.0
     assert span.attributes["stallguard.state"] == "Bootstrapping"
     assert span.end_time - span.start_time == 601_000_000_000
@@ -152,7 +156,12 @@ def test_user_attributes_are_added_but_cannot_override(exporter):
     watchdog.observe(("room", 9), "Bootstrapping")
     watchdog.annotate(
         ("room", 9),
-        attributes={"sglang.rid": "abc", "sglang.bootstrap_room": 9, "stallguard.state": "X"},
+        attributes={
+            "sglang.rid": "abc",
+            "sglang.bootstrap_room": 9,
+            "stallguard.state": "X",
+            "error.type": "mine",
+        },
     )
     watchdog.annotate(("room", 9), attributes={"sglang.disagg": True})  # merged
     clock.advance(300)
@@ -163,6 +172,7 @@ def test_user_attributes_are_added_but_cannot_override(exporter):
     assert span.attributes["sglang.bootstrap_room"] == 9
     assert span.attributes["sglang.disagg"] is True
     assert span.attributes["stallguard.state"] == "Bootstrapping"
+    assert span.attributes["error.type"] == "state_deadline_exceeded"
     assert span.attributes["stallguard.key"] == "('room', 9)"
 
 

@@ -4,28 +4,57 @@
     python3 tools/dev.py env                 create/update .venv and .venv-sglang0517
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
     python3 tools/dev.py demo [demo args]    `env`, then the PD wedge demo (examples/pd_wedge)
+    python3 tools/dev.py docs                `env`, then build the docs site into docs/_build/html
+    python3 tools/dev.py lock                re-resolve the package lists into tools/lock/
+
+Every venv is installed from a **lock**: `tools/lock/<venv>.txt` lists every
+distribution of that venv with its exact version and sha256 hash, and `env` installs it
+with `pip install --no-deps --require-hashes -r tools/lock/<venv>.txt`, so two fresh
+machines get the same files, and a file that differs from the one locked is refused.
+The lock is generated, never edited by hand:
+
+* What to install is declared here, per venv (`VENVS`): package groups (a group is
+  installed with its dependencies, or `--no-deps` when only the named packages may
+  come in, e.g. sglang, whose full dependency list is the CUDA stack), the projects
+  installed editable (their runtime dependencies and their PEP 735 dependency groups
+  are added), and a constraints file of hand-chosen pins (tools/constraints*.txt:
+  torch==2.13.0 and SGLang's own `==` pins).
+* `python3 tools/dev.py lock` resolves that with pip (`pip install --dry-run
+  --ignore-installed --report`, on this interpreter, against the configured indexes)
+  and writes the lock, with the hash of the very file pip chose (torch: the local CPU
+  wheel). The lock's first lines record a hash of its inputs; `env` refuses a lock
+  whose inputs changed since (edit a list, then run `lock`, and commit both).
+
+To add a venv (e.g. `.venv-vllm`): append a `VenvSpec` to `VENVS` with its groups and
+constraints file, run `python3 tools/dev.py lock`, commit `tools/lock/venv-vllm.txt`,
+and add its build/verify steps to `_env_locked` (as for .venv-sglang0517).
 
 `env` is idempotent: every step has a key (a hash of its inputs: the interpreter, the
-constraints file, the step's package list or pyproject.toml, STAMP_VERSION) recorded in
-a stamp file inside the venv, and a step whose key is unchanged is skipped, so a no-op
-run takes ~0.01 s.  A failed `pip install -e` of the project does not stop the other
-steps, but makes `env` exit 1.  Concurrent runs in one checkout are serialised by a
-lock file.  `test` propagates pytest's exit code; pytest's 5 ("no tests collected") is
-reported as a failure.
+lock, STAMP_VERSION) recorded in a stamp file inside the venv, and a step whose key is
+unchanged is skipped, so a no-op run takes ~0.01 s. Each step announces itself before
+it starts; pip's per-package lines are shown as they come, numbered against the lock,
+and a step that prints nothing for a while says that it is still running. A failed
+`pip install -e` of a project does not stop the other steps, but makes `env` exit 1.
+Concurrent runs in one checkout are serialised by a lock file. `test` propagates
+pytest's exit code; pytest's 5 ("no tests collected") is reported as a failure.
 
-What gets installed (always with `-c tools/constraints.txt`, which pins torch==2.13.0,
-the local CPU wheel; any other torch pulls gigabytes of CUDA wheels; torchvision is
-never installed):
+What `.venv` holds (tools/lock/venv.txt):
 
 * sglang==0.5.23 (--no-deps) plus the minimal dependency list that lets its
   disaggregation modules import on CPU (shared/notes/sglang.md section 11);
+  torch==2.13.0 is the local CPU wheel (any other torch pulls gigabytes of CUDA
+  wheels; torchvision is never installed);
 * the real KV transfer engines: nixl==1.5.2 + nixl-cu12==1.5.1 (--no-deps) and
   mooncake-transfer-engine-non-cuda==0.3.13.post1 (+ the system lib libibverbs1);
-* test tooling (pytest, hypothesis, ...);
-* the project itself, editable, when its pyproject.toml files exist;
-* `.venv-sglang0517`: an overlay venv whose own site-packages only holds
-  sglang==0.5.17 and the pins of 0.5.17 that differ from 0.5.23; a .pth file appends
-  .venv's site-packages for everything else (torch, engines, tooling, the project).
+* test, lint, build and docs tooling (pytest, hypothesis, sybil, ruff, mypy, build,
+  twine, sphinx, ...);
+* the project itself, editable (`--no-deps --no-build-isolation`: hatchling comes from
+  the lock too).
+
+`.venv-sglang0517` is an overlay venv whose own site-packages only holds sglang==0.5.17
+and the pins of 0.5.17 that differ from 0.5.23 (tools/lock/venv-sglang0517.txt); a .pth
+file appends .venv's site-packages for everything else (torch, engines, tooling, the
+project).
 
 Both venvs get `_stallguard_dev.pth`, which puts tests/_stubs (triton and torchvision
 stand-ins) and adapters/sglang/tests (for `import sglang_support`) on sys.path and
@@ -43,8 +72,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
@@ -55,9 +89,10 @@ CONSTRAINTS0517 = TOOLS / "constraints-sglang0517.txt"
 STUBS = ROOT / "tests" / "_stubs"
 TESTS = ROOT / "adapters" / "sglang" / "tests"  # sglang_support
 STAMP_NAME = ".stallguard-dev-stamps.json"
+LOCKS = TOOLS / "lock"
 # Bump to force every install step to run again (a step's key is this, the interpreter,
-# the constraints file and the step's own package list / pyproject.toml).
-STAMP_VERSION = 1
+# and the lock / pyproject.toml it installs).
+STAMP_VERSION = 2
 LOCK = ROOT / ".venv.lock"  # serialises concurrent `env` runs in this checkout
 PTH_NAME = "_stallguard_dev.pth"
 # Sorts before _stallguard_dev.pth, so .venv's site-packages lands on sys.path
@@ -101,18 +136,17 @@ SGLANG_DEPS = [
 ]
 NIXL = ["nixl==1.5.2", "nixl-cu12==1.5.1"]
 MOONCAKE = ["mooncake-transfer-engine-non-cuda==0.3.13.post1"]
+# Tooling beyond the projects' own dependency groups (pyproject.toml [dependency-groups],
+# added to the lock automatically): lint, types, packaging, the demo's plot, the
+# editable installs' build backend (installed --no-build-isolation, so it is locked too).
 TOOLING = [
-    "pytest",
-    "hypothesis",
-    "pytest-timeout",
-    "opentelemetry-api",
-    "opentelemetry-sdk",
-    "attrs",
-    "anyio",
-    "trio",
-    "transitions",
     "matplotlib",
     "ruff",
+    "mypy",
+    "build",
+    "twine",
+    "hatchling",
+    "editables",  # hatchling's editable wheels import it
     "prometheus-client",
     "mypy",
 ]
@@ -131,7 +165,55 @@ SGLANG0517 = [
 # Packages that must never be present (they drag in CUDA torch / GBs of wheels).
 FORBIDDEN = ["torchvision", "triton"]
 
-QUIET_PIP = ["-q", "--no-input", "--disable-pip-version-check", "--no-warn-conflicts"]
+PIP_OPTS = ["--no-input", "--disable-pip-version-check", "--progress-bar", "off"]
+
+
+@dataclass(frozen=True)
+class Group:
+    """Packages installed together: with their dependencies, or (deps=False) alone."""
+
+    name: str
+    packages: tuple[str, ...]
+    deps: bool = True
+
+
+@dataclass(frozen=True)
+class VenvSpec:
+    """What one venv holds; `tools/dev.py lock` turns it into `lock`."""
+
+    name: str
+    path: Path
+    constraints: Path
+    groups: tuple[Group, ...]
+    # Projects installed editable: their [project] dependencies (plus the extras named
+    # here) and all their [dependency-groups] join the resolution; the projects
+    # themselves are not in the lock.
+    editable: tuple[Path, ...] = ()
+    extras: tuple[str, ...] = ()
+    lock: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lock", LOCKS / f"{self.name.lstrip('.')}.txt")
+
+
+MAIN = VenvSpec(
+    ".venv",
+    VENV,
+    CONSTRAINTS,
+    (
+        Group("sglang", (SGLANG,), deps=False),
+        Group("sglang-deps", tuple(SGLANG_DEPS)),
+        Group("nixl", tuple(NIXL), deps=False),
+        Group("mooncake", tuple(MOONCAKE)),
+        Group("tooling", tuple(TOOLING)),
+    ),
+    editable=tuple(EDITABLE),
+    extras=("transitions",),
+)
+OVERLAY0517 = VenvSpec(
+    ".venv-sglang0517", VENV0517, CONSTRAINTS0517, (Group("sglang0517", tuple(SGLANG0517), False),)
+)
+VENVS = (MAIN, OVERLAY0517)
 
 
 class StepError(RuntimeError):
@@ -146,26 +228,78 @@ def log(msg: str) -> None:
 NOISE = re.compile(r"^WARNING: Location 'file://.*' is ignored: it is neither a file nor a dir")
 
 
-def run(cmd: list[str | os.PathLike], *, env: dict | None = None, check: bool = True) -> int:
-    """Run `cmd` in ROOT, streaming its output minus known noise lines."""
+# pip's lines worth showing, reworded: one per package, numbered against the lock.
+PIP_COLLECTING = re.compile(r"^(?:Collecting|Processing) (\S+)")
+PIP_SATISFIED = re.compile(r"^Requirement already satisfied: (\S+)")
+PIP_QUIET = re.compile(r"^\s+(Using cached|Obtaining|File was already downloaded)\b")
+# Say that a step is still running after this many seconds without a line.
+HEARTBEAT_S = 15.0
+
+
+def run(
+    cmd: list[str | os.PathLike],
+    *,
+    env: dict | None = None,
+    check: bool = True,
+    progress_total: int = 0,
+) -> int:
+    """Run `cmd` in ROOT, streaming its output minus known noise lines; pip's
+    per-package lines become `[i/total] name` when `progress_total` is given; after
+    HEARTBEAT_S seconds of silence (pip installing a large wheel, a build) a line says
+    the command is still running."""
     cmd = [str(c) for c in cmd]
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-    with subprocess.Popen(
-        cmd,
-        env=full_env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if not NOISE.match(line):
+    what = " ".join([Path(cmd[0]).name, *cmd[1:4]])
+    t0 = time.monotonic()
+    last = [t0]
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(1.0):
+            now = time.monotonic()
+            if now - last[0] >= HEARTBEAT_S:
+                log(f"  ... still running ({now - t0:.0f}s): {what} ...")
+                last[0] = now
+
+    ticker = threading.Thread(target=heartbeat, daemon=True)
+    ticker.start()
+    seen = 0
+    try:
+        with subprocess.Popen(
+            cmd,
+            env=full_env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        ) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                last[0] = time.monotonic()
+                if NOISE.match(line):
+                    continue
+                if progress_total:
+                    m = PIP_COLLECTING.match(line) or PIP_SATISFIED.match(line)
+                    if m:
+                        seen += 1
+                        present = "present " if line.startswith("Requirement") else ""
+                        log(f"  [{seen}/{progress_total}] {present}{Path(m.group(1)).name}")
+                        continue
+                    if line.startswith("Installing collected packages: "):
+                        n = line.count(",") + 1
+                        log(f"  unpacking {n} distributions into the venv (big wheels take long)")
+                        continue
+                    if PIP_QUIET.match(line):
+                        continue
                 sys.stdout.write(line)
-        rc = proc.wait()
+                sys.stdout.flush()
+            rc = proc.wait()
+    finally:
+        done.set()
+        ticker.join()
     sys.stdout.flush()
     if check and rc != 0:
         raise StepError(f"command failed (exit {rc}): {' '.join(cmd)}")
@@ -192,8 +326,12 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / PY / "site-packages"
 
 
-def pip(*args: str | os.PathLike, constraints: Path = CONSTRAINTS) -> None:
-    run([venv_python(VENV), "-m", "pip", "install", *QUIET_PIP, "-c", constraints, *args])
+def pip_install(target: Path, *args: str | os.PathLike, total: int = 0) -> None:
+    """`pip install ARGS` into venv `target` (with .venv's pip), showing progress."""
+    cmd: list[str | os.PathLike] = [venv_python(VENV), "-m", "pip"]
+    if target != VENV:
+        cmd += ["--python", venv_python(target)]
+    run([*cmd, "install", *PIP_OPTS, *args], progress_total=total)
 
 
 # --------------------------------------------------------------------------- stamps
@@ -229,8 +367,194 @@ class Stamps:
 
 
 def base_key() -> str:
-    """What every install step of .venv depends on."""
-    return sha(STAMP_VERSION, sys.version, CONSTRAINTS)
+    """What every install step of a venv depends on."""
+    return sha(STAMP_VERSION, sys.version)
+
+
+# --------------------------------------------------------------------------- locks
+
+LOCK_FORMAT = 1
+LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(req: str) -> str:
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+    if not m:
+        raise StepError(f"cannot read a package name from requirement {req!r}")
+    return canonical(m.group(1))
+
+
+def project_requirements(spec: VenvSpec) -> list[str]:
+    """The editable projects' runtime dependencies, the extras named in `spec`, and
+    all their PEP 735 dependency groups, minus the projects themselves."""
+    projects, reqs = [], []
+    for proj in spec.editable:
+        pyproject = proj / "pyproject.toml"
+        if not pyproject.is_file():
+            continue
+        data = tomllib.loads(pyproject.read_text())
+        project = data.get("project", {})
+        projects.append(canonical(project.get("name", proj.name)))
+        reqs += project.get("dependencies", [])
+        optional = project.get("optional-dependencies", {})
+        for extra in spec.extras:
+            reqs += optional.get(extra, [])
+        groups = data.get("dependency-groups", {})
+        for group in groups.values():
+            # {include-group = ...} entries name another group, which is included anyway
+            reqs += [r for r in group if isinstance(r, str)]
+    return [r for r in reqs if requirement_name(r) not in projects]
+
+
+def lock_inputs(spec: VenvSpec) -> str:
+    """A hash of everything the lock of `spec` is resolved from (relative paths and
+    contents only, so that it is the same in every clone)."""
+    groups = [(g.name, list(g.packages), g.deps) for g in spec.groups]
+    return sha(
+        LOCK_FORMAT,
+        f"{sys.version_info.major}.{sys.version_info.minor}",
+        platform.machine(),
+        spec.constraints.read_text(),
+        groups,
+        sorted(project_requirements(spec)),
+        sorted(FORBIDDEN),
+    )
+
+
+def read_lock(spec: VenvSpec) -> tuple[str | None, dict[str, str]]:
+    """(inputs hash recorded in the lock, {canonical name: version})."""
+    try:
+        text = spec.lock.read_text()
+    except OSError:
+        return None, {}
+    inputs = None
+    pins = {}
+    for line in text.splitlines():
+        if line.startswith("# inputs: "):
+            inputs = line.split(":", 1)[1].strip()
+        m = LOCK_LINE.match(line)
+        if m:
+            pins[canonical(m.group(1))] = m.group(2)
+    return inputs, pins
+
+
+def check_lock(spec: VenvSpec) -> dict[str, str]:
+    """The lock's pins, if the lock exists and matches the current inputs."""
+    rel = spec.lock.relative_to(ROOT)
+    inputs, pins = read_lock(spec)
+    if not pins:
+        raise StepError(f"{rel} is missing or empty: run `python3 tools/dev.py lock`")
+    if inputs != lock_inputs(spec):
+        raise StepError(
+            f"{rel} is out of date: {spec.name}'s package lists (tools/dev.py), "
+            f"{spec.constraints.relative_to(ROOT)} or a pyproject.toml's dependencies "
+            f"changed since it was generated. Run `python3 tools/dev.py lock` and commit "
+            f"the new lock"
+        )
+    return pins
+
+
+def resolve(spec: VenvSpec, tmp: Path) -> dict[str, tuple[str, str, str]]:
+    """{canonical name: (name, version, sha256)} of every distribution `spec` installs,
+    resolved by pip on this interpreter without installing anything."""
+    with_deps = [p for g in spec.groups if g.deps for p in g.packages]
+    with_deps += project_requirements(spec)
+    no_deps = [p for g in spec.groups if not g.deps for p in g.packages]
+    found: dict[str, tuple[str, str, str]] = {}
+    for reqs, flag in ((with_deps, []), (no_deps, ["--no-deps"])):
+        if not reqs:
+            continue
+        report = tmp / f"report-{len(flag)}.json"
+        log(f"lock {spec.name}: resolving {len(reqs)} requirements{' (--no-deps)' * bool(flag)}")
+        run(
+            [
+                sys.executable, "-m", "pip", "install", *PIP_OPTS, "--dry-run",
+                "--ignore-installed", "--report", report, "-c", spec.constraints, *flag, *reqs,
+            ]
+        )  # fmt: skip
+        for item in json.loads(report.read_text())["install"]:
+            name, version = item["metadata"]["name"], item["metadata"]["version"]
+            archive = item.get("download_info", {}).get("archive_info")
+            digest = (archive or {}).get("hashes", {}).get("sha256")
+            if not digest:
+                raise StepError(f"pip reported no sha256 for {name}=={version}: {item}")
+            key = canonical(name)
+            if key in found and found[key][1] != version:
+                raise StepError(
+                    f"{name}: the --no-deps groups pin {version} but the others resolve "
+                    f"{found[key][1]}; make the lists agree"
+                )
+            found[key] = (name, version, digest)
+    bad = sorted(set(found) & {canonical(n) for n in FORBIDDEN})
+    if bad:
+        raise StepError(f"the resolution of {spec.name} pulls in forbidden {bad}")
+    return found
+
+
+def write_lock(spec: VenvSpec, found: dict[str, tuple[str, str, str]]) -> None:
+    lines = [
+        "# Generated by `python3 tools/dev.py lock` from tools/dev.py's lists for "
+        f"{spec.name} and {spec.constraints.relative_to(ROOT)}; do not edit.",
+        f"# Installed by `python3 tools/dev.py env`: pip install --no-deps --require-hashes -r "
+        f"{spec.lock.relative_to(ROOT)}",
+        f"# Python {sys.version_info.major}.{sys.version_info.minor} on {platform.machine()}; "
+        f"{len(found)} distributions.",
+        f"# inputs: {lock_inputs(spec)}",
+    ]
+    for key in sorted(found):
+        _name, version, digest = found[key]
+        lines.append(f"{key}=={version} \\\n    --hash=sha256:{digest}")
+    spec.lock.parent.mkdir(parents=True, exist_ok=True)
+    spec.lock.write_text("\n".join(lines) + "\n")
+
+
+def lock_command() -> int:
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="stallguard-lock-") as tmp:
+        for spec in VENVS:
+            found = resolve(spec, Path(tmp))
+            _inputs, old = read_lock(spec)
+            write_lock(spec, found)
+            new = {k: v[1] for k, v in found.items()}
+            changed = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
+            log(
+                f"lock {spec.name}: wrote {spec.lock.relative_to(ROOT)} ({len(found)} "
+                f"distributions, {len(changed)} changed"
+                + (f": {', '.join(changed[:12])}{' ...' * (len(changed) > 12)}" if changed else "")
+                + ")"
+            )
+    log(f"lock: done in {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def install_lock(spec: VenvSpec) -> str:
+    pins = check_lock(spec)
+    pip_install(
+        spec.path, "--no-deps", "--require-hashes", "--no-warn-conflicts", "-r", spec.lock,
+        total=len(pins),
+    )  # fmt: skip
+    return f"{len(pins)} locked distributions"
+
+
+def unlocked_extras(spec: VenvSpec, pins: dict[str, str]) -> list[str]:
+    """Distributions in `spec`'s own site-packages that its lock does not list (left by
+    an older lock or installed by hand); `env` reports them and leaves them."""
+    import importlib.metadata as md
+
+    here = {
+        canonical(d.metadata["Name"] or "")
+        for d in md.distributions(path=[str(site_packages(spec.path))])
+    }
+    ours = {"pip", "setuptools", ""}
+    for proj in spec.editable:
+        pyproject = proj / "pyproject.toml"
+        if pyproject.is_file():
+            ours.add(canonical(tomllib.loads(pyproject.read_text())["project"]["name"]))
+    return sorted(here - set(pins) - ours)
 
 
 def pth_text() -> str:
@@ -372,11 +696,14 @@ def _env_locked() -> int:
     skipped = 0
     deferred: list[str] = []
 
-    def step(name: str, key: str | None, fn, stamps: Stamps, *, defer_failure=False) -> None:
+    def step(
+        name: str, key: str | None, fn, stamps: Stamps, what: str, *, defer_failure=False
+    ) -> None:
         nonlocal ran, skipped
         if key is not None and stamps.fresh(name, key):
             skipped += 1
             return
+        log(f"{name}: {what} ...")
         t0 = time.monotonic()
         try:
             detail = fn()
@@ -394,32 +721,51 @@ def _env_locked() -> int:
         extra = f" ({detail})" if detail else ""
         log(f"{name}: done in {time.monotonic() - t0:.1f}s{extra}")
 
+    # Both locks first: a stale one stops `env` before anything is installed.
+    main_pins = check_lock(MAIN)
+    check_lock(OVERLAY0517)
+
     # ---- .venv
     t0 = time.monotonic()
+    if not venv_python(VENV).exists():
+        log(f"venv: creating {VENV} ...")
     if ensure_venv(VENV, with_pip=True):
         log(f"venv: created {VENV} in {time.monotonic() - t0:.1f}s")
         Stamps(VENV).forget()
         ran += 1
     stamps = Stamps(VENV)
     bk = base_key()
-    step("sglang", sha(bk, SGLANG), lambda: pip("--no-deps", SGLANG), stamps)
-    step("sglang-deps", sha(bk, SGLANG_DEPS), lambda: pip(*SGLANG_DEPS), stamps)
-    step("nixl", sha(bk, NIXL), lambda: pip("--no-deps", *NIXL), stamps)
-    step("mooncake", sha(bk, MOONCAKE), lambda: pip(*MOONCAKE), stamps)
+    step(
+        "packages",
+        sha(bk, MAIN.lock),
+        lambda: install_lock(MAIN),
+        stamps,
+        f"installing {len(main_pins)} locked distributions from "
+        f"{MAIN.lock.relative_to(ROOT)} (first run: a few minutes)",
+    )
+    extras = unlocked_extras(MAIN, main_pins)
+    if extras:
+        log(
+            f"note: {VENV.name} also holds {len(extras)} distributions its lock does not list "
+            f"({', '.join(extras[:8])}{' ...' * (len(extras) > 8)}); left in place. Delete "
+            f"{VENV.name} for an exact copy of the lock"
+        )
     # System library: checked every run (cheap), never stamped.
     if not have_libibverbs():
-        step("libibverbs1", None, step_libibverbs, stamps)
-    step("tooling", sha(bk, TOOLING), lambda: pip(*TOOLING), stamps)
-    for proj in EDITABLE:
+        step("libibverbs1", None, step_libibverbs, stamps, "installing libibverbs1 (apt-get)")
+    for proj in MAIN.editable:
         pyproject = proj / "pyproject.toml"
         if not pyproject.is_file():
             continue
         rel = proj.relative_to(ROOT).as_posix() or "."
         step(
             f"editable {rel}",
-            sha(bk, pyproject, proj / "setup.py", proj / "setup.cfg"),
-            lambda proj=proj: pip("-e", proj),
+            sha(bk, MAIN.lock, pyproject, proj / "setup.py", proj / "setup.cfg"),
+            # --no-deps: its dependencies are in the lock; --no-build-isolation: the
+            # build backend (hatchling) is too, rather than fetched unpinned.
+            lambda proj=proj: pip_install(VENV, "--no-deps", "--no-build-isolation", "-e", proj),
             stamps,
+            f"pip install -e {rel}",
             defer_failure=True,
         )
     if write_if_changed(site_packages(VENV) / PTH_NAME, pth_text()):
@@ -429,7 +775,13 @@ def _env_locked() -> int:
         check_forbidden(VENV)
         return import_check(VENV, SGLANG.split("==")[1])
 
-    step("verify .venv", sha(stamps.installs(), pth_text()), verify, stamps)
+    step(
+        "verify .venv",
+        sha(stamps.installs(), pth_text()),
+        verify,
+        stamps,
+        "importing sglang's disaggregation modules",
+    )
 
     # ---- .venv-sglang0517 (overlay on .venv)
     t0 = time.monotonic()
@@ -447,25 +799,15 @@ def _env_locked() -> int:
     def install0517() -> str:
         # Without the overlay, pip neither sees nor touches .venv's sglang 0.5.23.
         overlay.unlink(missing_ok=True)
-        run(
-            [
-                venv_python(VENV),
-                "-m",
-                "pip",
-                "--python",
-                venv_python(VENV0517),
-                "install",
-                *QUIET_PIP,
-                "--no-deps",
-                "-c",
-                CONSTRAINTS0517,
-                *SGLANG0517,
-            ]
-        )
-        return ""
+        return install_lock(OVERLAY0517)
 
-    key0517 = sha(STAMP_VERSION, sys.version, CONSTRAINTS0517, SGLANG0517)
-    step("sglang0517", key0517, install0517, st0517)
+    step(
+        "sglang0517",
+        sha(base_key(), OVERLAY0517.lock),
+        install0517,
+        st0517,
+        f"installing SGLang 0.5.17's overlay from {OVERLAY0517.lock.relative_to(ROOT)}",
+    )
     write_if_changed(overlay, overlay_text)
     write_if_changed(site_packages(VENV0517) / PTH_NAME, pth_text())
 
@@ -478,6 +820,7 @@ def _env_locked() -> int:
         sha(st0517.installs(), stamps.installs(), overlay_text, pth_text()),
         verify0517,
         st0517,
+        "importing sglang 0.5.17's disaggregation modules",
     )
 
     total = time.monotonic() - t_all
@@ -516,6 +859,21 @@ def demo_command(args: list[str]) -> int:
     return subprocess.call(cmd, cwd=ROOT)
 
 
+def docs_command() -> int:
+    """The docs site (docs/conf.py), built as strictly as the test suite builds it."""
+    rc = env_command()
+    if rc:
+        return rc
+    out = ROOT / "docs" / "_build" / "html"
+    cmd = [str(venv_python(VENV)), "-m", "sphinx", "-W", "--keep-going", "-n", "-b", "html"]
+    cmd += [str(ROOT / "docs"), str(out)]
+    log("docs: " + " ".join(cmd))
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc == 0:
+        log(f"docs: open file://{out / 'index.html'}")
+    return rc
+
+
 USAGE = __doc__.split("\n\n")[1]
 
 
@@ -534,6 +892,16 @@ def main(argv: list[str]) -> int:
             return test_command(rest)
         if cmd == "demo":
             return demo_command(rest)
+        if cmd == "docs":
+            if rest:
+                print(f"docs takes no arguments\n{USAGE}", file=sys.stderr)
+                return 2
+            return docs_command()
+        if cmd == "lock":
+            if rest:
+                print(f"lock takes no arguments\n{USAGE}", file=sys.stderr)
+                return 2
+            return lock_command()
     except StepError as e:
         log(f"FAILED: {e}")
         return 1

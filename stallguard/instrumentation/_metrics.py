@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfigError
 from . import _hooks
-from ._otel import INSTRUMENTATION_SCOPE, _scope_version
+from ._otel import ERROR_TYPES, INSTRUMENTATION_SCOPE, _scope_version
 
 if TYPE_CHECKING:
     from .._details import Expiry
@@ -28,6 +28,7 @@ __all__ = [
     "METRIC_EXPIRIES",
     "METRIC_OLDEST_AGE",
     "METRIC_REQUESTS",
+    "METRIC_REQUEST_COUNT",
     "METRIC_RUNNER_ERRORS",
     "METRIC_STATE_DURATION",
     "disable_metrics",
@@ -35,14 +36,20 @@ __all__ = [
 ]
 
 #: Counter of expiries; attributes ``stallguard.spec``, ``stallguard.state``,
-#: ``stallguard.reason``, ``stallguard.mode``.
+#: ``stallguard.reason``, ``stallguard.mode``, and for an enforced expiry
+#: ``error.type`` (:data:`~stallguard.instrumentation.ERROR_TYPES` of the reason).
 METRIC_EXPIRIES = "stallguard.expiries"
 #: Histogram of seconds spent in a state, recorded when a request leaves it (state
 #: change, terminal state, ``forget()``, enforced expiry); attributes ``stallguard.spec``,
 #: ``stallguard.state``.
 METRIC_STATE_DURATION = "stallguard.state.duration"
-#: Observable gauge of tracked requests; attributes ``stallguard.spec``,
-#: ``stallguard.state``.
+#: Observable up-down counter of tracked requests (an additive count, named ``*.count``
+#: as OpenTelemetry's naming conventions ask of up-down counters of things); attributes
+#: ``stallguard.spec``, ``stallguard.state``.
+METRIC_REQUEST_COUNT = "stallguard.request.count"
+#: Deprecated: the same count as :data:`METRIC_REQUEST_COUNT` under its 0.1.0 name, as an
+#: observable gauge. Still reported in 0.1.x so that dashboards keep working while they
+#: move to the new name; removed in 0.2.
 METRIC_REQUESTS = "stallguard.requests"
 #: Observable gauge of the age, in seconds, of the longest-waiting request in a state
 #: (0 when the state is empty); attributes ``stallguard.spec``, ``stallguard.state``.
@@ -127,11 +134,17 @@ class _Metrics:
                 self.duration = meter.create_histogram(
                     METRIC_STATE_DURATION, unit="s", description=description
                 )
-        meter.create_observable_gauge(
-            METRIC_REQUESTS,
+        meter.create_observable_up_down_counter(
+            METRIC_REQUEST_COUNT,
             callbacks=[self._observe_requests],
             unit="{request}",
             description="Requests tracked by stallguard watchdogs, per state",
+        )
+        meter.create_observable_gauge(  # deprecated name, until 0.2
+            METRIC_REQUESTS,
+            callbacks=[self._observe_requests],
+            unit="{request}",
+            description=f"Deprecated (removed in stallguard 0.2): use {METRIC_REQUEST_COUNT}",
         )
         meter.create_observable_gauge(
             METRIC_OLDEST_AGE,
@@ -148,15 +161,15 @@ class _Metrics:
         key = (expiry.spec, expiry.state_label, expiry.reason, expiry.mode)
         attributes = self._expiry_attributes.get(key)
         if attributes is None:
-            attributes = self._expiry_attributes.setdefault(
-                key,
-                {
-                    "stallguard.spec": key[0],
-                    "stallguard.state": key[1],
-                    "stallguard.reason": key[2],
-                    "stallguard.mode": key[3],
-                },
-            )
+            new = {
+                "stallguard.spec": key[0],
+                "stallguard.state": key[1],
+                "stallguard.reason": key[2],
+                "stallguard.mode": key[3],
+            }
+            if expiry.mode == "enforce":  # a failure: OpenTelemetry's error.type
+                new["error.type"] = ERROR_TYPES[expiry.reason]
+            attributes = self._expiry_attributes.setdefault(key, new)
         self.expiries.add(1, attributes)
 
     # -- the state duration histogram: each watchdog's on_leave
@@ -268,8 +281,9 @@ def enable_metrics(
     the live ones and those created later.
 
     * :data:`METRIC_EXPIRIES` (``stallguard.expiries``): a counter of expiries by
-      spec, state, reason and mode, installed as an expiry hook next to the ones set
-      with :func:`set_on_expire_hooks` (which does not remove it).
+      spec, state, reason and mode (and ``error.type`` for enforced ones), installed
+      as an expiry hook next to the ones set with :func:`set_on_expire_hooks` (which
+      does not remove it).
     * :data:`METRIC_STATE_DURATION` (``stallguard.state.duration``): a histogram of the
       seconds spent in each state, recorded when a request leaves the state, by spec
       and state. Choose a deadline from its upper percentiles. It is recorded by an
@@ -277,10 +291,12 @@ def enable_metrics(
       beside any other listener.
     * :data:`METRIC_RUNNER_ERRORS` (``stallguard.runner.errors``): a counter of runner
       loops ended by an error, by spec (docs/runners.md).
-    * :data:`METRIC_REQUESTS` and :data:`METRIC_OLDEST_AGE`: observable gauges of the
-      tracked requests and of the oldest request's age, per spec and state, summed
-      (count) or maxed (age) over the live watchdogs of a spec, read when the metric
-      reader collects.
+    * :data:`METRIC_REQUEST_COUNT` (an observable up-down counter) and
+      :data:`METRIC_OLDEST_AGE` (an observable gauge): the tracked requests and the
+      oldest request's age, per spec and state, summed (count) or maxed (age) over the
+      live watchdogs of a spec, read when the metric reader collects. The count is also
+      reported under its deprecated 0.1.0 name :data:`METRIC_REQUESTS` (a gauge) until
+      0.2.
 
     Calling it again replaces the instruments (e.g. with another provider).
 

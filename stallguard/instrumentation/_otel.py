@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .._details import Expiry
 
 __all__ = [
+    "ERROR_TYPES",
     "SPAN_FORCED_FAILURE",
     "SPAN_STALL_REPORTED",
     "OpenTelemetryOnExpireHook",
@@ -34,6 +35,15 @@ SPAN_STALL_REPORTED = "stallguard.stall_reported"
 
 #: The OpenTelemetry instrumentation scope of every span and metric.
 INSTRUMENTATION_SCOPE = "stallguard"
+
+#: The ``error.type`` attribute of an enforced expiry's span and counter point, by the
+#: expiry's :attr:`~stallguard.Expiry.reason` (OpenTelemetry's recording-errors
+#: convention: a low-cardinality, documented value saying which failure it was).
+ERROR_TYPES: Mapping[str, str] = {
+    "state": "state_deadline_exceeded",
+    "stall": "stall_window_exceeded",
+    "lifetime": "lifetime_exceeded",
+}
 
 
 def _scope_version() -> str | None:
@@ -60,6 +70,7 @@ def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
     Link = trace.Link
     error = trace.StatusCode.ERROR
     time_ns = time.time_ns
+    error_types = ERROR_TYPES
 
     def parent_context(parent: Any) -> Context:
         # Always built on an empty context: a span for a stalled request must not
@@ -107,7 +118,7 @@ def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
         links = None
         if expiry.trace_links:
             links = [x for x in map(link, expiry.trace_links) if x is not None]
-        attributes = {
+        attributes: dict[str, Any] = {
             "stallguard.spec": expiry.spec,
             "stallguard.key": str(expiry.key),
             "stallguard.state": expiry.state_label,
@@ -116,9 +127,11 @@ def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
             "stallguard.reason": expiry.reason,
             "stallguard.mode": expiry.mode,
         }
+        enforced = expiry.mode == "enforce"
+        if enforced:
+            attributes["error.type"] = error_types[expiry.reason]
         if expiry.attributes:  # the user's first: stallguard's own names win
             attributes = {**expiry.attributes, **attributes}
-        enforced = expiry.mode == "enforce"
         span = start_span(
             SPAN_FORCED_FAILURE if enforced else SPAN_STALL_REPORTED,
             context=Context() if parent is None else parent_context(parent),
@@ -145,10 +158,11 @@ def opentelemetry_on_expire_hook(*, tracer_provider: Any = None) -> ExpiryHookFa
 
     Attributes: ``stallguard.spec``, ``stallguard.key`` (``str`` of the key),
     ``stallguard.state``, ``stallguard.deadline_s``, ``stallguard.elapsed_s``,
-    ``stallguard.reason``, ``stallguard.mode``, plus the user's attributes from
-    :meth:`~stallguard.Watchdog.annotate` (which cannot override the ``stallguard.*``
-    ones). The parent is the request's ``trace_parent`` (a ``Context``,
-    ``SpanContext``, ``Span``, or a propagation carrier such as
+    ``stallguard.reason``, ``stallguard.mode``, and on the forced-failure span
+    ``error.type`` (:data:`ERROR_TYPES` of the reason), plus the user's attributes from
+    :meth:`~stallguard.Watchdog.annotate` (which cannot override stallguard's own).
+    The parent is the request's ``trace_parent`` (a ``Context``, ``SpanContext``,
+    ``Span``, or a propagation carrier such as
     ``{"traceparent": "00-..."}``); without one the span is a root span, never the child
     of whatever span is current where ``check()`` runs. ``trace_links`` become span links.
 

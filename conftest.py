@@ -1,0 +1,51 @@
+"""Runs every Python block of README.md and docs/*.md as a test (Sybil).
+
+A page declares the set-up its examples need in hidden blocks
+(``<!-- invisible-code-block: python ... -->``), and marks a block that cannot run on
+its own with ``<!-- skip: next "fragment: why" -->`` (reported as a skip, with the
+reason). The blocks of one page share a namespace, in page order. Any new page in docs/
+is covered without registering it here. After each page, the process-wide state that
+examples may change (instrumentation hooks, metrics, the working directory) is restored.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sybil import Sybil
+from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _setup(namespace: dict) -> None:
+    namespace["__sybil_cwd"] = os.getcwd()
+
+
+def _teardown(namespace: dict) -> None:
+    os.chdir(namespace["__sybil_cwd"])
+    from stallguard import instrumentation
+
+    instrumentation.set_on_expire_hooks(None)
+    instrumentation.disable_metrics()
+
+
+_collect = Sybil(
+    parsers=[PythonCodeBlockParser(), SkipParser()],
+    patterns=["*.md"],
+    setup=_setup,
+    teardown=_teardown,
+).pytest()
+
+
+def is_doc_page(path: Path) -> bool:
+    """README.md and the pages of docs/ (not docs/api/, which only holds directives)."""
+    path = path.resolve()
+    return path == ROOT / "README.md" or (path.parent == ROOT / "docs" and path.suffix == ".md")
+
+
+def pytest_collect_file(file_path: Path, parent):  # type: ignore[no-untyped-def]
+    if is_doc_page(file_path):
+        return _collect(file_path, parent)
+    return None
