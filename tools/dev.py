@@ -148,7 +148,6 @@ TOOLING = [
     "hatchling",
     "editables",  # hatchling's editable wheels import it
     "prometheus-client",
-    "mypy",
 ]
 EDITABLE = [ROOT, ROOT / "adapters" / "sglang"]
 # .venv-sglang0517 holds only these (all --no-deps); shared/notes/sglang-0.5.17.md s6.
