@@ -8,17 +8,19 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stallguard_sglang._kvpoll import KVPOLL
 from stallguard_sglang._stats_export import STATE_SECONDS, LaneStats
 
 import stallguard as sg
 from stallguard._stats import LADDER
+from stallguard.testing import FakeClock
 
 SPEC = sg.Spec(
     "sglang.inflight.nixl",
     {"Bootstrapping": 300, "WaitingForInput": 300, "Transferring": 300},
     terminal=("Success", "Failed"),
 )
-durations = st.floats(min_value=-5, max_value=6).map(lambda e: 10.0**e)
+durations = st.floats(min_value=-5, max_value=6).map(lambda e: 10.0**e)  # 10 µs to 11 days
 stays = st.lists(st.tuples(st.sampled_from([1, 2, 3]), durations), max_size=60)
 LABELS = {"queue": "inflight", "backend": "exporttest", "tp_rank": "0"}
 
@@ -39,22 +41,30 @@ def served() -> dict[tuple[str, str, str], float]:
 @settings(max_examples=40, deadline=None)
 @given(st.lists(stays, min_size=1, max_size=4))
 def test_export_equals_the_recorder_at_every_bound(batches):
-    lane = LaneStats(sg.Watchdog(SPEC), "inflight", "exporttest", 0, lambda: 0.0)
+    """Stays recorded by the lane's watchdog (every state change it observes) reach the
+    served histogram exactly, however they are batched between exports."""
+    clock = FakeClock()
+    wd: sg.Watchdog[int] = sg.Watchdog(SPEC, clock=clock, mode="report")
+    lane = LaneStats(wd, "inflight", "exporttest", 0, clock)
     lane.export()  # creates the metrics on first use
     before = served()
+    key = 0
     for batch in batches:
         for state, seconds in batch:
-            lane.record(state, seconds)
+            key += 1
+            wd.observe(key, KVPOLL[state])
+            clock.advance(seconds)
+            wd.observe(key, "Success")
         lane.export()
     after = served()
-    stats = lane.recorder.freeze(None)
+    stats = wd.statistics()
     for label, s in stats.states.items():
         d = s.distribution
         for bound in (*LADDER, math.inf):
             le = "+Inf" if bound == math.inf else str(float(bound))
-            key = (f"{STATE_SECONDS}_bucket", label, le)
+            key_ = (f"{STATE_SECONDS}_bucket", label, le)
             expected = d.count - (d.count_above(bound) if bound != math.inf else 0)
-            assert after.get(key, 0) - before.get(key, 0) == expected, (label, bound)
-        key = (f"{STATE_SECONDS}_sum", label, "")
-        added = after.get(key, 0) - before.get(key, 0)
+            assert after.get(key_, 0) - before.get(key_, 0) == expected, (label, bound)
+        key_ = (f"{STATE_SECONDS}_sum", label, "")
+        added = after.get(key_, 0) - before.get(key_, 0)
         assert math.isclose(added, d.total, rel_tol=1e-9, abs_tol=1e-9)
