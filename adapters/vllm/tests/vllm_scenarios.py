@@ -1,0 +1,250 @@
+"""Real-vLLM scenarios for test_vllm_real.py, run in .venv-vllm:
+
+    python vllm_scenarios.py SCENARIO CONFIG.toml OUT.json
+
+A prefill engine (vLLM's plain NIXL connector) runs in a child process, so it can be
+frozen with SIGSTOP the way a hung peer freezes; decode engines run here, one with
+vLLM's plain connector and one with stallguard's, stepped side by side. stallguard's
+deadlines run on a FakeClock moved one second per step (the transfers, the freeze and
+the NIXL/UCX traffic are real; only the deadline's clock is simulated, so no test sleeps
+for a deadline). Results go to OUT.json; the process ends with os._exit (UCX may crash
+at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SG_MODULE = "stallguard_vllm.connector"
+
+
+def prefill_process(inq: Any, outq: Any, connector: str, port: int) -> None:
+    sys.path.insert(0, HERE)
+    import vllm_engine as V
+
+    V.init_process(port)
+    module = SG_MODULE if connector.startswith("Stallguard") else None
+    P = V.engine("kv_producer", "P", connector=connector, module_path=module)
+    outq.put("ready")
+    while True:
+        try:
+            rid = inq.get_nowait()
+        except Exception:
+            rid = None
+        if rid is not None:
+            try:
+                outq.put(V.prefill(P, rid))
+            except Exception:
+                outq.put({"error": traceback.format_exc()})
+        V.step(P)
+        time.sleep(0.02)
+
+
+class Prefill:
+    """The prefill child process."""
+
+    def __init__(self, connector: str = "NixlConnector", port: int = 29611) -> None:
+        ctx = mp.get_context("spawn")
+        self.inq, self.outq = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(
+            target=prefill_process, args=(self.inq, self.outq, connector, port), daemon=True
+        )
+        self.proc.start()
+        ready = self.outq.get(timeout=240)
+        assert ready == "ready", ready
+
+    def prefill(self, rid: str) -> dict[str, Any]:
+        self.inq.put(rid)
+        params = self.outq.get(timeout=60)
+        assert "error" not in params, params.get("error")
+        return params
+
+    def freeze(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+
+
+def _status(e: Any, rid: str) -> str:
+    r = e.ran[rid]
+    return r.status.name
+
+
+def _in_flight(e: Any, rid: str) -> int:
+    return len(e.worker.connector_worker._recving_transfers.get(rid, ()))
+
+
+def pull(config_path: str) -> dict[str, Any]:
+    """Pull mode: the freeze, the healthy slow transfer, the abort while waiting."""
+    os.environ["STALLGUARD_VLLM_CONFIG"] = config_path
+    P = Prefill()
+    import stallguard_vllm.connector as sgc
+    import vllm_engine as V
+
+    from stallguard.testing import FakeClock
+
+    clock = FakeClock(1000.0)
+    sgc.set_clock(clock)
+    V.init_process(29612)
+    plain = V.engine("kv_consumer", "D-plain")
+    guarded = V.engine(
+        "kv_consumer", "D-sg", connector="StallguardNixlConnector", module_path=SG_MODULE
+    )
+    sg = guarded.connector.stallguard
+    deadline = sg.config.receiving
+    held_deadline = sg.config.aborted_held
+    base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
+    out: dict[str, Any] = {"deadline": deadline, "aborted_held_deadline": held_deadline}
+    outputs: dict[str, list[Any]] = {}
+
+    def run(e: Any, rid: str, params: dict[str, Any]) -> None:
+        V.add(e, V.request(rid, V.decode_params(params), 4))
+
+    def tick(real: float = 0.05) -> None:
+        clock.advance(1.0)
+        for e in (plain, guarded):
+            eco, _ = V.step(e)
+            for v in eco.values():
+                for o in v.outputs:
+                    outputs.setdefault(o.request_id, []).append(
+                        {
+                            "finish": None if o.finish_reason is None else o.finish_reason.name,
+                            "tokens": list(o.new_token_ids),
+                            "at": clock(),
+                        }
+                    )
+        time.sleep(real)
+
+    # ---- warm-up: one healthy request per decode (handshakes done, agents connected)
+    for e, rid in ((plain, "warm-plain"), (guarded, "warm-sg")):
+        run(e, rid, P.prefill(rid))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and any(
+        _status(e, r) != "FINISHED_LENGTH_CAPPED"
+        for e, r in ((plain, "warm-plain"), (guarded, "warm-sg"))
+    ):
+        tick()
+    out["warm"] = {"plain": _status(plain, "warm-plain"), "guarded": _status(guarded, "warm-sg")}
+
+    # ---- a healthy transfer slower than half the deadline: P frozen for 0.6 x deadline
+    params = P.prefill("slow")
+    P.freeze()
+    run(guarded, "slow-sg", params)
+    start = clock()
+    while clock() - start < 0.6 * deadline:
+        tick()
+    slow_in_flight = _in_flight(guarded, "slow-sg")
+    P.thaw()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 30 and _status(guarded, "slow-sg") == "WAITING_FOR_REMOTE_KVS":
+        tick(0.02)
+    received_at = clock() - start
+    for _ in range(int(2 * deadline)):  # well past the deadline: nothing may fire late
+        tick(0.0)
+    out["slow"] = {
+        "in_flight_while_frozen": slow_in_flight,
+        "received_after": received_at,
+        "status": _status(guarded, "slow-sg"),
+        "outputs": outputs.get("slow-sg", []),
+        "forced": dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items()),
+    }
+
+    # ---- the freeze: P frozen after its prefill, mid-READ
+    frozen = {rid: P.prefill(rid) for rid in ("f-plain", "f-sg", "a-plain", "a-sg")}
+    P.freeze()
+    real0 = time.monotonic()
+    run(plain, "f-plain", frozen["f-plain"])
+    run(guarded, "f-sg", frozen["f-sg"])
+    run(plain, "a-plain", frozen["a-plain"])
+    run(guarded, "a-sg", frozen["a-sg"])
+    start = clock()
+    trace: list[dict[str, Any]] = []
+    aborted = False
+    blocks_sg: list[int] = []
+    while clock() - start < 3 * deadline:
+        tick()
+        now = clock() - start
+        if not blocks_sg and _status(guarded, "f-sg") == "WAITING_FOR_REMOTE_KVS":
+            blocks_sg = guarded.block_ids("f-sg")
+        if not aborted and now >= 2:
+            for e, rid in ((plain, "a-plain"), (guarded, "a-sg")):
+                e.scheduler.finish_requests([rid], V.RequestStatus.FINISHED_ABORTED)
+            aborted_at = now
+            aborted = True
+        trace.append(
+            {
+                "t": now,
+                "f-plain": _status(plain, "f-plain"),
+                "f-sg": _status(guarded, "f-sg"),
+                "a-plain": "a-plain" in plain.scheduler.requests,
+                "a-sg": "a-sg" in guarded.scheduler.requests,
+                "held_plain": base["plain"] - plain.free_blocks(),
+                "held_sg": base["guarded"] - guarded.free_blocks(),
+                "in_flight_plain": _in_flight(plain, "f-plain") + _in_flight(plain, "a-plain"),
+                "in_flight_sg": _in_flight(guarded, "f-sg") + _in_flight(guarded, "a-sg"),
+            }
+        )
+    out["freeze"] = {
+        "real_seconds": time.monotonic() - real0,
+        "aborted_at": aborted_at,
+        "trace": trace,
+        "outputs": {k: outputs.get(k, []) for k in ("f-plain", "f-sg", "a-plain", "a-sg")},
+        "counts": dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items()),
+        "heartbeat_engines_plain": list(plain.connector.connector_scheduler._heartbeat_by_engine),
+        "heartbeat_engines_sg": list(guarded.connector.connector_scheduler._heartbeat_by_engine),
+    }
+
+    # ---- after the failure: zero the freed blocks, thaw P, see whether anything lands
+    for name in V.LAYERS:
+        for b in blocks_sg:
+            guarded.caches[name][b].zero_()
+    P.thaw()
+    for _ in range(20):
+        tick(0.05)
+    out["after_thaw"] = {
+        "blocks": blocks_sg,
+        "nonzero_in_freed_blocks": int(
+            sum(int(guarded.caches[n][b].count_nonzero()) for n in V.LAYERS for b in blocks_sg)
+        ),
+        "f-plain": _status(plain, "f-plain"),
+        "held_plain": base["plain"] - plain.free_blocks(),
+    }
+    stats = guarded.connector.get_kv_connector_stats()
+    out["stats"] = (
+        None if stats is None else {k: v for k, v in stats.data.items() if "stallguard" in k}
+    )
+    P.kill()
+    return out
+
+
+SCENARIOS = {"pull": pull}
+
+
+def main() -> None:
+    name, config_path, out_path = sys.argv[1:4]
+    sys.path.insert(0, HERE)
+    try:
+        result = {"ok": SCENARIOS[name](config_path)}
+    except BaseException:
+        result = {"error": traceback.format_exc()}
+    with open(out_path, "w") as f:
+        json.dump(result, f, default=str)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
