@@ -77,6 +77,8 @@ _model_dir: str | None = None
 
 def model_dir() -> str:
     global _model_dir
+    if _model_dir is None and os.environ.get("TINY_MODEL_DIR"):
+        _model_dir = os.environ["TINY_MODEL_DIR"]
     if _model_dir is None:
         _model_dir = tempfile.mkdtemp(prefix="tiny-llama-")
         with open(os.path.join(_model_dir, "config.json"), "w") as f:
@@ -236,7 +238,7 @@ def step(e: Engine) -> tuple[dict[int, Any], Any]:
     mro = ModelRunnerOutput(
         req_ids=ids,
         req_id_to_index={rid: n for n, rid in enumerate(ids)},
-        sampled_token_ids=[[2] for _ in ids],
+        sampled_token_ids=[[7] for _ in ids],  # not EOS: max_tokens ends a request
         logprobs=None,
         prompt_logprobs_dict={},
         pooler_output=None,

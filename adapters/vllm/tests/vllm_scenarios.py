@@ -24,6 +24,27 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SG_MODULE = "stallguard_vllm.connector"
+SG_KEYS = ("stallguard_forced", "stallguard_reported")
+
+
+def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Feed the shipped stats to vLLM's own KV-connector Prometheus layer (what the API
+    server's stat logger does) and read stallguard's counters back."""
+    from prometheus_client import REGISTRY
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+
+    prom = KVConnectorProm(e.scheduler.vllm_config, ["model_name", "engine"], {0: ["tiny", "0"]})
+    for data in payloads:
+        full = dict(e.connector.build_kv_connector_stats().data)
+        full.update(data)
+        prom.observe(full, 0)
+    labels = {"model_name": "tiny", "engine": "0"}
+    return {
+        phase: REGISTRY.get_sample_value(
+            "vllm:stallguard_forced_failures_total", {**labels, "phase": phase}
+        )
+        for phase in ("Receiving", "AbortedHeld")
+    }
 
 
 def prefill_process(inq: Any, outq: Any, connector: str, port: int) -> None:
@@ -33,7 +54,8 @@ def prefill_process(inq: Any, outq: Any, connector: str, port: int) -> None:
     V.init_process(port)
     module = SG_MODULE if connector.startswith("Stallguard") else None
     P = V.engine("kv_producer", "P", connector=connector, module_path=module)
-    outq.put("ready")
+    cs = P.connector.connector_scheduler
+    outq.put({"ready": True, "host": cs.side_channel_host, "port": cs.side_channel_port})
     while True:
         try:
             rid = inq.get_nowait()
@@ -59,7 +81,8 @@ class Prefill:
         )
         self.proc.start()
         ready = self.outq.get(timeout=240)
-        assert ready == "ready", ready
+        assert isinstance(ready, dict) and ready.get("ready"), ready
+        self.host, self.port = ready["host"], ready["port"]
 
     def prefill(self, rid: str) -> dict[str, Any]:
         self.inq.put(rid)
@@ -108,6 +131,7 @@ def pull(config_path: str) -> dict[str, Any]:
     base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
     out: dict[str, Any] = {"deadline": deadline, "aborted_held_deadline": held_deadline}
     outputs: dict[str, list[Any]] = {}
+    payloads: list[dict[str, Any]] = []  # guarded engine's connector stats, as shipped
 
     def run(e: Any, rid: str, params: dict[str, Any]) -> None:
         V.add(e, V.request(rid, V.decode_params(params), 4))
@@ -117,6 +141,10 @@ def pull(config_path: str) -> dict[str, Any]:
         for e in (plain, guarded):
             eco, _ = V.step(e)
             for v in eco.values():
+                stats = getattr(v, "scheduler_stats", None)
+                data = getattr(stats, "kv_connector_stats", None)
+                if e is guarded and data and any(data.get(k) for k in SG_KEYS):
+                    payloads.append({k: data[k] for k in SG_KEYS})
                 for o in v.outputs:
                     outputs.setdefault(o.request_id, []).append(
                         {
@@ -221,20 +249,104 @@ def pull(config_path: str) -> dict[str, Any]:
         "f-plain": _status(plain, "f-plain"),
         "held_plain": base["plain"] - plain.free_blocks(),
     }
-    stats = guarded.connector.get_kv_connector_stats()
-    out["stats"] = (
-        None if stats is None else {k: v for k, v in stats.data.items() if "stallguard" in k}
-    )
+    out["stats_payloads"] = payloads
+    out["prometheus"] = prometheus(guarded, payloads)
     P.kill()
     return out
 
 
-SCENARIOS = {"pull": pull}
+def push(config_path: str) -> dict[str, Any]:
+    """Push mode: the decode registered its blocks and waits for the prefill's WRITE and
+    notification; the prefill is frozen after a healthy warm-up request."""
+    os.environ["STALLGUARD_VLLM_CONFIG"] = config_path
+    P = Prefill("NixlPushConnector", port=29621)
+    import stallguard_vllm.connector as sgc
+    import vllm_engine as V
+
+    from stallguard.testing import FakeClock
+
+    clock = FakeClock(1000.0)
+    sgc.set_clock(clock)
+    V.init_process(29622)
+    plain = V.engine("kv_consumer", "D-plain", connector="NixlPushConnector")
+    guarded = V.engine(
+        "kv_consumer", "D-sg", connector="StallguardNixlPushConnector", module_path=SG_MODULE
+    )
+    sg = guarded.connector.stallguard
+    deadline = sg.config.receiving
+    base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
+    outputs: dict[str, list[Any]] = {}
+    coords = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "P",
+        "remote_host": P.host,
+        "remote_port": P.port,
+        "tp_size": 1,
+    }
+
+    def tick(real: float = 0.05) -> None:
+        clock.advance(1.0)
+        for e in (plain, guarded):
+            eco, _ = V.step(e)
+            for v in eco.values():
+                for o in v.outputs:
+                    outputs.setdefault(o.request_id, []).append(
+                        {"finish": None if o.finish_reason is None else o.finish_reason.name}
+                    )
+        time.sleep(real)
+
+    # warm-up: decode registers first, then the prefill runs the same request id and
+    # WRITEs into the registered blocks
+    for e, rid in ((plain, "w-plain"), (guarded, "w-sg")):
+        V.add(e, V.request(rid, {**coords, "remote_request_id": rid}, 4))
+    for _ in range(10):
+        tick()
+    for rid in ("w-plain", "w-sg"):
+        P.prefill(rid)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and any(
+        _status(e, r) != "FINISHED_LENGTH_CAPPED"
+        for e, r in ((plain, "w-plain"), (guarded, "w-sg"))
+    ):
+        tick()
+    out: dict[str, Any] = {
+        "deadline": deadline,
+        "warm": {"plain": _status(plain, "w-plain"), "guarded": _status(guarded, "w-sg")},
+    }
+    P.freeze()
+    for e, rid in ((plain, "x-plain"), (guarded, "x-sg")):
+        V.add(e, V.request(rid, {**coords, "remote_request_id": rid}, 4))
+    start = clock()
+    trace = []
+    while clock() - start < 3 * deadline:
+        tick()
+        trace.append(
+            {
+                "t": clock() - start,
+                "x-plain": _status(plain, "x-plain"),
+                "x-sg": _status(guarded, "x-sg"),
+                "held_plain": base["plain"] - plain.free_blocks(),
+                "held_sg": base["guarded"] - guarded.free_blocks(),
+            }
+        )
+    out["trace"] = trace
+    out["outputs"] = {k: outputs.get(k, []) for k in ("x-plain", "x-sg")}
+    out["counts"] = dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items())
+    P.kill()
+    return out
+
+
+SCENARIOS = {"pull": pull, "push": push}
 
 
 def main() -> None:
     name, config_path, out_path = sys.argv[1:4]
     sys.path.insert(0, HERE)
+    import vllm_engine as V
+
+    # one model path for every process: it is part of NIXL's compatibility hash
+    os.environ["TINY_MODEL_DIR"] = V.model_dir()
     try:
         result = {"ok": SCENARIOS[name](config_path)}
     except BaseException:

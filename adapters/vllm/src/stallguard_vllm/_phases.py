@@ -17,7 +17,7 @@ AbortedHeld decode  finished (abort, error) while Receiving / transfer ends
 HeldForRead prefill prefill done, blocks held for the decode / ``finished_sending``
 ========== ======== ===========================================================
 
-Promises (tests/test_phases_properties.py tries to break them):
+Promises (tests/test_vllm_phases.py tries to break them):
 
 * a request is ordered failed at most once, ever;
 * a request whose transfer ended (``done``) or that was never tracked is never
