@@ -1,7 +1,7 @@
 """stallguard-vllm on the real vLLM 0.33.0 code with real NIXL agents (UCX over TCP on
 loopback), run in .venv-vllm in subprocesses (tools/dev.py builds it).
 
-One subprocess per scenario (vllm_scenarios.py): a prefill engine in a child process
+One subprocess (vllm_scenarios.py): prefill engines (pull and push) in a child process
 that is frozen with SIGSTOP after its prefill, and two decode engines stepped side by
 side, one with vLLM's plain NIXL connector and one with stallguard's; stallguard's
 clock is a FakeClock moved one second per step.
@@ -75,8 +75,19 @@ def run_scenario(name: str, config_text: str, tmp_path: Path, timeout: float = 2
 
 
 @pytest.fixture(scope="module")
-def pull(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return run_scenario("pull", CONFIG, tmp_path_factory.mktemp("pull"))
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Both scenarios in one subprocess pair (one vLLM start-up each side)."""
+    return run_scenario("pull,push", CONFIG, tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture(scope="module")
+def pull(scenarios: Any) -> Any:
+    return scenarios["pull"]
+
+
+@pytest.fixture(scope="module")
+def push(scenarios: Any) -> Any:
+    return scenarios["push"]
 
 
 def test_warm_requests_complete(pull: Any) -> None:
@@ -156,11 +167,6 @@ def test_freed_blocks_after_thaw(pull: Any) -> None:
     after = pull["after_thaw"]
     assert after["blocks"]
     assert after["nonzero_in_freed_blocks"] == 0
-
-
-@pytest.fixture(scope="module")
-def push(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return run_scenario("push", CONFIG, tmp_path_factory.mktemp("push"))
 
 
 def test_push_mode_write_never_arrives(push: Any) -> None:

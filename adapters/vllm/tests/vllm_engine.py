@@ -174,7 +174,10 @@ def engine(
     connector: str = "NixlConnector",
     module_path: str | None = None,
     extra: dict[str, Any] | None = None,
+    port: int | None = None,
 ) -> Engine:
+    """*port*: the side channel (ZMQ handshake) to serve: a prefill always serves one, a
+    push-mode decode too (the prefill handshakes back before WRITE-ing)."""
     vc = vllm_config(role, engine_id, connector=connector, module_path=module_path, extra=extra)
     with set_current_vllm_config(vc):
         sched = Scheduler(
@@ -188,7 +191,8 @@ def engine(
         worker = cls(vc, KVConnectorRole.WORKER, kv_cache_config())
     caches = {name: torch.zeros((BLOCKS, 2, BLOCK, 32), dtype=torch.float16) for name in LAYERS}
     worker.register_kv_caches(caches)
-    if role == "kv_producer":  # start the ZMQ handshake listener
+    if port is not None:  # start the ZMQ handshake listener
+        sched.connector.connector_scheduler.side_channel_port = port
         sched.connector.set_xfer_handshake_metadata_pp_aware(
             {(0, 0): worker.connector_worker.xfer_handshake_metadata}
         )

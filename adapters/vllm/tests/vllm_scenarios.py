@@ -1,6 +1,6 @@
 """Real-vLLM scenarios for test_vllm_real.py, run in .venv-vllm:
 
-    python vllm_scenarios.py SCENARIO CONFIG.toml OUT.json
+    python vllm_scenarios.py SCENARIO[,SCENARIO] CONFIG.toml OUT.json
 
 A prefill engine (vLLM's plain NIXL connector) runs in a child process, so it can be
 frozen with SIGSTOP the way a hung peer freezes; decode engines run here, one with
@@ -25,6 +25,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 SG_MODULE = "stallguard_vllm.connector"
 SG_KEYS = ("stallguard_forced", "stallguard_reported")
+PULL_P_PORT, PUSH_P_PORT, PUSH_D_PLAIN_PORT, PUSH_D_SG_PORT = 5600, 5601, 5602, 5603
 
 
 def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -47,45 +48,48 @@ def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None
     }
 
 
-def prefill_process(inq: Any, outq: Any, connector: str, port: int) -> None:
+def prefill_process(inq: Any, outq: Any, port: int) -> None:
+    """Two prefill engines in one process: ``pull`` (vLLM's NixlConnector, side channel
+    5600) and ``push`` (NixlPushConnector, 5601); frozen together by SIGSTOP."""
     sys.path.insert(0, HERE)
     import vllm_engine as V
 
     V.init_process(port)
-    module = SG_MODULE if connector.startswith("Stallguard") else None
-    P = V.engine("kv_producer", "P", connector=connector, module_path=module)
-    cs = P.connector.connector_scheduler
-    outq.put({"ready": True, "host": cs.side_channel_host, "port": cs.side_channel_port})
+    engines = {
+        "pull": V.engine("kv_producer", "P", port=PULL_P_PORT),
+        "push": V.engine("kv_producer", "PP", connector="NixlPushConnector", port=PUSH_P_PORT),
+    }
+    outq.put({"ready": True})
     while True:
         try:
-            rid = inq.get_nowait()
+            mode, rid = inq.get_nowait()
         except Exception:
-            rid = None
-        if rid is not None:
+            mode = None
+        if mode is not None:
             try:
-                outq.put(V.prefill(P, rid))
+                outq.put(V.prefill(engines[mode], rid))
             except Exception:
                 outq.put({"error": traceback.format_exc()})
-        V.step(P)
+        for e in engines.values():
+            V.step(e)
         time.sleep(0.02)
 
 
 class Prefill:
     """The prefill child process."""
 
-    def __init__(self, connector: str = "NixlConnector", port: int = 29611) -> None:
+    def __init__(self, port: int = 29611) -> None:
         ctx = mp.get_context("spawn")
         self.inq, self.outq = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(
-            target=prefill_process, args=(self.inq, self.outq, connector, port), daemon=True
+            target=prefill_process, args=(self.inq, self.outq, port), daemon=True
         )
         self.proc.start()
         ready = self.outq.get(timeout=240)
         assert isinstance(ready, dict) and ready.get("ready"), ready
-        self.host, self.port = ready["host"], ready["port"]
 
-    def prefill(self, rid: str) -> dict[str, Any]:
-        self.inq.put(rid)
+    def prefill(self, rid: str, mode: str = "pull") -> dict[str, Any]:
+        self.inq.put((mode, rid))
         params = self.outq.get(timeout=60)
         assert "error" not in params, params.get("error")
         return params
@@ -109,18 +113,10 @@ def _in_flight(e: Any, rid: str) -> int:
     return len(e.worker.connector_worker._recving_transfers.get(rid, ()))
 
 
-def pull(config_path: str) -> dict[str, Any]:
+def pull(P: Prefill, clock: Any) -> dict[str, Any]:
     """Pull mode: the freeze, the healthy slow transfer, the abort while waiting."""
-    os.environ["STALLGUARD_VLLM_CONFIG"] = config_path
-    P = Prefill()
-    import stallguard_vllm.connector as sgc
     import vllm_engine as V
 
-    from stallguard.testing import FakeClock
-
-    clock = FakeClock(1000.0)
-    sgc.set_clock(clock)
-    V.init_process(29612)
     plain = V.engine("kv_consumer", "D-plain")
     guarded = V.engine(
         "kv_consumer", "D-sg", connector="StallguardNixlConnector", module_path=SG_MODULE
@@ -251,26 +247,23 @@ def pull(config_path: str) -> dict[str, Any]:
     }
     out["stats_payloads"] = payloads
     out["prometheus"] = prometheus(guarded, payloads)
-    P.kill()
     return out
 
 
-def push(config_path: str) -> dict[str, Any]:
+def push(P: Prefill, clock: Any) -> dict[str, Any]:
     """Push mode: the decode registered its blocks and waits for the prefill's WRITE and
     notification; the prefill is frozen after a healthy warm-up request."""
-    os.environ["STALLGUARD_VLLM_CONFIG"] = config_path
-    P = Prefill("NixlPushConnector", port=29621)
-    import stallguard_vllm.connector as sgc
     import vllm_engine as V
 
-    from stallguard.testing import FakeClock
-
-    clock = FakeClock(1000.0)
-    sgc.set_clock(clock)
-    V.init_process(29622)
-    plain = V.engine("kv_consumer", "D-plain", connector="NixlPushConnector")
+    plain = V.engine(
+        "kv_consumer", "DP-plain", connector="NixlPushConnector", port=PUSH_D_PLAIN_PORT
+    )
     guarded = V.engine(
-        "kv_consumer", "D-sg", connector="StallguardNixlPushConnector", module_path=SG_MODULE
+        "kv_consumer",
+        "DP-sg",
+        connector="StallguardNixlPushConnector",
+        module_path=SG_MODULE,
+        port=PUSH_D_SG_PORT,
     )
     sg = guarded.connector.stallguard
     deadline = sg.config.receiving
@@ -279,14 +272,14 @@ def push(config_path: str) -> dict[str, Any]:
     coords = {
         "do_remote_prefill": True,
         "do_remote_decode": False,
-        "remote_engine_id": "P",
-        "remote_host": P.host,
-        "remote_port": P.port,
+        "remote_engine_id": "PP",
+        "remote_host": "127.0.0.1",
+        "remote_port": PUSH_P_PORT,
         "tp_size": 1,
     }
 
-    def tick(real: float = 0.05) -> None:
-        clock.advance(1.0)
+    def tick(real: float = 0.05, advance: float = 1.0) -> None:
+        clock.advance(advance)
         for e in (plain, guarded):
             eco, _ = V.step(e)
             for v in eco.values():
@@ -300,16 +293,18 @@ def push(config_path: str) -> dict[str, Any]:
     # WRITEs into the registered blocks
     for e, rid in ((plain, "w-plain"), (guarded, "w-sg")):
         V.add(e, V.request(rid, {**coords, "remote_request_id": rid}, 4))
-    for _ in range(10):
-        tick()
+    # (stallguard's clock stands still during the warm-up: its length depends on the
+    # machine's load, and only the frozen request below is under test)
+    for _ in range(5):
+        tick(advance=0.0)
     for rid in ("w-plain", "w-sg"):
-        P.prefill(rid)
+        P.prefill(rid, "push")
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60 and any(
         _status(e, r) != "FINISHED_LENGTH_CAPPED"
         for e, r in ((plain, "w-plain"), (guarded, "w-sg"))
     ):
-        tick()
+        tick(advance=0.0)
     out: dict[str, Any] = {
         "deadline": deadline,
         "warm": {"plain": _status(plain, "w-plain"), "guarded": _status(guarded, "w-sg")},
@@ -333,8 +328,32 @@ def push(config_path: str) -> dict[str, Any]:
     out["trace"] = trace
     out["outputs"] = {k: outputs.get(k, []) for k in ("x-plain", "x-sg")}
     out["counts"] = dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items())
-    P.kill()
+    P.thaw()
     return out
+
+
+T0 = time.monotonic()
+
+
+def run_all(config_path: str, which: list[str]) -> dict[str, Any]:
+    os.environ["STALLGUARD_VLLM_CONFIG"] = config_path
+    P = Prefill()
+    try:
+        import stallguard_vllm.connector as sgc
+        import vllm_engine as V
+
+        from stallguard.testing import FakeClock
+
+        clock = FakeClock(1000.0)
+        sgc.set_clock(clock)
+        V.init_process(29612)
+        out: dict[str, Any] = {"timing": {"start": time.monotonic() - T0}}
+        for name in which:
+            out[name] = SCENARIOS[name](P, clock)
+            out["timing"][name] = time.monotonic() - T0
+        return out
+    finally:
+        P.kill()
 
 
 SCENARIOS = {"pull": pull, "push": push}
@@ -348,7 +367,7 @@ def main() -> None:
     # one model path for every process: it is part of NIXL's compatibility hash
     os.environ["TINY_MODEL_DIR"] = V.model_dir()
     try:
-        result = {"ok": SCENARIOS[name](config_path)}
+        result = {"ok": run_all(config_path, name.split(","))}
     except BaseException:
         result = {"error": traceback.format_exc()}
     with open(out_path, "w") as f:
