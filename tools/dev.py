@@ -515,7 +515,6 @@ VLLM_TOOLING = [
     "sortedcontainers",
     "iniconfig",
     "pluggy",
-    "mypy",
 ]
 VLLM_EDITABLE = [ROOT, ROOT / "adapters" / "vllm"]
 VLLM_IMPORT_CHECK = (
@@ -614,7 +613,12 @@ def demo_command(args: list[str]) -> int:
         return rc
     cmd = [str(venv_python(VENV)), "-m", "examples.pd_wedge", *args]
     log("demo: " + " ".join(cmd))
-    return subprocess.call(cmd, cwd=ROOT)
+    rc = subprocess.call(cmd, cwd=ROOT)
+    # The vLLM section: vLLM's NIXL connector with and without stallguard-vllm, run in
+    # .venv-vllm (examples/vllm_wedge.py; docs/demo.md).
+    cmd = [str(venv_python(VENV)), "-m", "examples.vllm_wedge"]
+    log("demo (vLLM): " + " ".join(cmd))
+    return max(rc, subprocess.call(cmd, cwd=ROOT))
 
 
 USAGE = __doc__.split("\n\n")[1]

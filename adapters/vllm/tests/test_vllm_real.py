@@ -39,6 +39,8 @@ CONFIG = """
 [decode]
 Receiving = 10
 AbortedHeld = 4
+[prefill]
+HeldForRead = 6
 """
 
 
@@ -77,7 +79,7 @@ def run_scenario(name: str, config_text: str, tmp_path: Path, timeout: float = 2
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Both scenarios in one subprocess pair (one vLLM start-up each side)."""
-    return run_scenario("pull,push", CONFIG, tmp_path_factory.mktemp("vllm"))
+    return run_scenario("pull,push,prefill_hold,badconfig", CONFIG, tmp_path_factory.mktemp("vllm"))
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +186,32 @@ def test_push_mode_write_never_arrives(push: Any) -> None:
     assert trace[-1]["held_sg"] == 0
     assert [o["finish"] for o in push["outputs"]["x-sg"]] == ["ERROR"]
     assert push["counts"] == {"forced/Receiving": 1}
+
+
+def test_bad_config_stops_the_engine(scenarios: Any) -> None:
+    """Building the scheduler (what EngineCore does at start-up) and loading vLLM's
+    general plugins both raise, naming the file, the key and the value."""
+    bad = scenarios["badconfig"]
+    want = f"{bad['path']}: [decode] Receiving = -1: must be a positive, finite number"
+    for where in ("connector", "plugin"):
+        message = bad[where]
+        assert message is not None, f"{where}: a bad file did not stop it"
+        assert message.startswith("ConfigError: stallguard-vllm: invalid configuration")
+        assert want in message
+    assert bad["registered"] == ["StallguardNixlConnector", "StallguardNixlPushConnector"]
+
+
+def test_prefill_blocks_held_for_a_read_that_never_comes(scenarios: Any) -> None:
+    """Prefill side: vLLM holds the blocks for its lease (300 s here, renewed by every
+    decode heartbeat in production); stallguard releases them through vLLM's lease-expiry
+    path (finished_sending) in the first step past HeldForRead."""
+    hold = scenarios["prefill_hold"]
+    deadline = hold["deadline"]
+    trace = hold["trace"]
+    assert trace[-1]["t"] >= 3 * deadline
+    assert trace[-1]["h-plain"] is True and trace[-1]["held_plain"] > 0
+    released = next(i for i, row in enumerate(trace) if not row["h-sg"])
+    assert trace[released]["t"] == deadline
+    assert all(row["h-sg"] and row["held_sg"] > 0 for row in trace[:released])
+    assert trace[released]["held_sg"] == 0
+    assert hold["counts"] == {"forced/HeldForRead": 1}

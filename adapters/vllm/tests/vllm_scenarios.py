@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SG_MODULE = "stallguard_vllm.connector"
 SG_KEYS = ("stallguard_forced", "stallguard_reported")
 PULL_P_PORT, PUSH_P_PORT, PUSH_D_PLAIN_PORT, PUSH_D_SG_PORT = 5600, 5601, 5602, 5603
+PREFILL_PLAIN_PORT, PREFILL_SG_PORT = 5604, 5605
 
 
 def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -332,6 +333,90 @@ def push(P: Prefill, clock: Any) -> dict[str, Any]:
     return out
 
 
+def prefill_hold(P: Prefill, clock: Any) -> dict[str, Any]:
+    """The prefill side: blocks held for a decode that never reads them. vLLM's lease is
+    set to 300 s (real time, not reached here); stallguard's HeldForRead deadline runs
+    on the fake clock. A plain and a stallguard prefill engine, stepped side by side."""
+    import vllm_engine as V
+
+    extra = {"kv_lease_duration": 300}
+    plain = V.engine("kv_producer", "PH-plain", extra=extra, port=PREFILL_PLAIN_PORT)
+    guarded = V.engine(
+        "kv_producer",
+        "PH-sg",
+        connector="StallguardNixlConnector",
+        module_path=SG_MODULE,
+        extra=extra,
+        port=PREFILL_SG_PORT,
+    )
+    deadline = guarded.connector.stallguard.config.held_for_read
+    base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
+    V.prefill(plain, "h-plain")
+    V.prefill(guarded, "h-sg")
+    start = clock()
+    trace = []
+    while clock() - start < 3 * deadline:
+        clock.advance(1.0)
+        for e in (plain, guarded):
+            V.step(e)
+        trace.append(
+            {
+                "t": clock() - start,
+                "h-plain": "h-plain" in plain.scheduler.requests,
+                "h-sg": "h-sg" in guarded.scheduler.requests,
+                "held_plain": base["plain"] - plain.free_blocks(),
+                "held_sg": base["guarded"] - guarded.free_blocks(),
+            }
+        )
+        time.sleep(0.02)
+    counts = guarded.connector.stallguard.counts
+    return {
+        "deadline": deadline,
+        "trace": trace,
+        "counts": dict((f"{k}/{p}", n) for (k, p), n in counts.items()),
+    }
+
+
+def badconfig(P: Prefill, clock: Any) -> dict[str, Any]:
+    """A bad configuration file, as vLLM meets it: the engine's scheduler builds the
+    stallguard connector (EngineCore does this at start-up), and vLLM loads the general
+    plugins (EngineCore and workers do this first)."""
+    import tempfile
+
+    import vllm.plugins as vllm_plugins
+    import vllm_engine as V
+
+    bad = os.path.join(tempfile.mkdtemp(), "bad.toml")
+    with open(bad, "w") as f:
+        f.write("[decode]\nReceiving = -1\n")
+    saved = os.environ["STALLGUARD_VLLM_CONFIG"]
+    os.environ["STALLGUARD_VLLM_CONFIG"] = bad
+    out: dict[str, Any] = {"path": bad}
+    try:
+        try:
+            V.engine(
+                "kv_consumer", "D-bad", connector="StallguardNixlConnector", module_path=SG_MODULE
+            )
+            out["connector"] = None
+        except Exception as e:
+            out["connector"] = f"{type(e).__name__}: {e}"
+        vllm_plugins.plugins_loaded = False
+        try:
+            vllm_plugins.load_general_plugins()
+            out["plugin"] = None
+        except Exception as e:
+            out["plugin"] = f"{type(e).__name__}: {e}"
+    finally:
+        os.environ["STALLGUARD_VLLM_CONFIG"] = saved
+    # and with a good file, the plugin registers the connector names with vLLM
+    vllm_plugins.plugins_loaded = False
+    vllm_plugins.load_general_plugins()
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    out["registered"] = sorted(n for n in KVConnectorFactory._registry if "Stallguard" in n)
+    return out
+
+
 T0 = time.monotonic()
 
 
@@ -356,7 +441,7 @@ def run_all(config_path: str, which: list[str]) -> dict[str, Any]:
         P.kill()
 
 
-SCENARIOS = {"pull": pull, "push": push}
+SCENARIOS = {"pull": pull, "push": push, "prefill_hold": prefill_hold, "badconfig": badconfig}
 
 
 def main() -> None:

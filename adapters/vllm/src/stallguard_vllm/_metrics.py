@@ -62,7 +62,7 @@ class StallguardNixlStats(NixlKVConnectorStats):
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        out = super().reduce()
+        out: dict[str, int | float] = dict(super().reduce())
         out["stallguard forced failures"] = len(self.data.get("stallguard_forced", ()))
         out["stallguard stalls reported"] = len(self.data.get("stallguard_reported", ()))
         return out
@@ -77,7 +77,7 @@ def stats_with_counts(
         return stats
     out = StallguardNixlStats(data=dict(stats.data)) if stats is not None else StallguardNixlStats()
     for (kind, phase), n in (counts or {}).items():
-        out.data[_KEYS[kind]].extend([phase] * n)  # type: ignore[list-item]
+        out.data[_KEYS[kind]].extend([phase] * n)
     return out
 
 
