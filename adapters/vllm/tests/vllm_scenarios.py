@@ -133,8 +133,73 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
     def run(e: Any, rid: str, params: dict[str, Any]) -> None:
         V.add(e, V.request(rid, V.decode_params(params), 4))
 
-    def tick(real: float = 0.05) -> None:
-        clock.advance(1.0)
+    def freeze_run(attempt: int) -> dict[str, Any]:
+        rid = {
+            k: f"{k}{'' if attempt == 1 else attempt}"
+            for k in ("f-plain", "f-sg", "a-plain", "a-sg")
+        }
+        frozen = {k: P.prefill(rid[k]) for k in rid}
+        P.freeze()
+        real0 = time.monotonic()
+        run(plain, rid["f-plain"], frozen["f-plain"])
+        run(guarded, rid["f-sg"], frozen["f-sg"])
+        run(plain, rid["a-plain"], frozen["a-plain"])
+        run(guarded, rid["a-sg"], frozen["a-sg"])
+        start = clock()
+        trace: list[dict[str, Any]] = []
+        aborted_at = None
+        blocks_sg: list[int] = []
+        counts0 = dict(sg.counts)
+        while clock() - start < 3 * deadline:
+            tick()
+            now = clock() - start
+            if not blocks_sg and _status(guarded, rid["f-sg"]) == "WAITING_FOR_REMOTE_KVS":
+                blocks_sg = guarded.block_ids(rid["f-sg"])
+            if aborted_at is None and now >= 2:
+                for e, k in ((plain, "a-plain"), (guarded, "a-sg")):
+                    e.scheduler.finish_requests([rid[k]], V.RequestStatus.FINISHED_ABORTED)
+                aborted_at = now
+            trace.append(
+                {
+                    "t": now,
+                    "f-plain": _status(plain, rid["f-plain"]),
+                    "f-sg": _status(guarded, rid["f-sg"]),
+                    "a-plain": rid["a-plain"] in plain.scheduler.requests,
+                    "a-sg": rid["a-sg"] in guarded.scheduler.requests,
+                    "held_plain": base["plain"] - plain.free_blocks(),
+                    "held_sg": base["guarded"] - guarded.free_blocks(),
+                    "in_flight_plain": _in_flight(plain, rid["f-plain"])
+                    + _in_flight(plain, rid["a-plain"]),
+                    "in_flight_sg": _in_flight(guarded, rid["f-sg"])
+                    + _in_flight(guarded, rid["a-sg"]),
+                }
+            )
+        counts = {
+            f"{k}/{p}": n - counts0.get((k, p), 0)
+            for (k, p), n in sg.counts.items()
+            if n - counts0.get((k, p), 0)
+        }
+        return {
+            "real_seconds": time.monotonic() - real0,
+            "aborted_at": aborted_at,
+            "trace": trace,
+            "outputs": {k: outputs.get(rid[k], []) for k in rid},
+            "counts": counts,
+            "heartbeat_engines_plain": list(
+                plain.connector.connector_scheduler._heartbeat_by_engine
+            ),
+            "heartbeat_engines_sg": list(
+                guarded.connector.connector_scheduler._heartbeat_by_engine
+            ),
+            "fault_held": all(
+                r["f-plain"] == "WAITING_FOR_REMOTE_KVS" and r["a-plain"] for r in trace
+            ),
+            "blocks_sg": blocks_sg,
+            "rids": rid,
+        }
+
+    def tick(real: float = 0.05, advance: float = 1.0) -> None:
+        clock.advance(advance)
         for e in (plain, guarded):
             eco, _ = V.step(e)
             for v in eco.values():
@@ -164,72 +229,53 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
     out["warm"] = {"plain": _status(plain, "warm-plain"), "guarded": _status(guarded, "warm-sg")}
 
     # ---- a healthy transfer slower than half the deadline: P frozen for 0.6 x deadline
-    params = P.prefill("slow")
-    P.freeze()
-    run(guarded, "slow-sg", params)
-    start = clock()
-    while clock() - start < 0.6 * deadline:
-        tick()
-    slow_in_flight = _in_flight(guarded, "slow-sg")
-    P.thaw()
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 30 and _status(guarded, "slow-sg") == "WAITING_FOR_REMOTE_KVS":
-        tick(0.02)
-    received_at = clock() - start
-    for _ in range(int(2 * deadline)):  # well past the deadline: nothing may fire late
-        tick(0.0)
+    # (run again, once, if the READ did not stall: see the freeze below)
+    for attempt in (1, 2):
+        slow = f"slow{attempt}"
+        params = P.prefill(slow)
+        P.freeze()
+        run(guarded, slow, params)
+        start = clock()
+        frozen_trace = []
+        while clock() - start < 0.6 * deadline:
+            tick()
+            frozen_trace.append((_status(guarded, slow), _in_flight(guarded, slow)))
+        slow_in_flight = max(n for _, n in frozen_trace)
+        P.thaw()
+        # stallguard's clock stands still from the thaw until the READ completes: how
+        # long that takes in real time depends on the machine's load, not the transfer
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30 and _status(guarded, slow) == "WAITING_FOR_REMOTE_KVS":
+            tick(0.02, advance=0.0)
+        received_at = clock() - start
+        for _ in range(int(2 * deadline)):  # well past the deadline: nothing may fire late
+            tick(0.0)
+        if slow_in_flight:
+            break
     out["slow"] = {
+        "attempts": attempt,
         "in_flight_while_frozen": slow_in_flight,
+        "frozen_trace": frozen_trace,
         "received_after": received_at,
-        "status": _status(guarded, "slow-sg"),
-        "outputs": outputs.get("slow-sg", []),
+        "status": _status(guarded, slow),
+        "outputs": outputs.get(slow, []),
         "forced": dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items()),
     }
 
-    # ---- the freeze: P frozen after its prefill, mid-READ
-    frozen = {rid: P.prefill(rid) for rid in ("f-plain", "f-sg", "a-plain", "a-sg")}
-    P.freeze()
-    real0 = time.monotonic()
-    run(plain, "f-plain", frozen["f-plain"])
-    run(guarded, "f-sg", frozen["f-sg"])
-    run(plain, "a-plain", frozen["a-plain"])
-    run(guarded, "a-sg", frozen["a-sg"])
-    start = clock()
-    trace: list[dict[str, Any]] = []
-    aborted = False
-    blocks_sg: list[int] = []
-    while clock() - start < 3 * deadline:
-        tick()
-        now = clock() - start
-        if not blocks_sg and _status(guarded, "f-sg") == "WAITING_FOR_REMOTE_KVS":
-            blocks_sg = guarded.block_ids("f-sg")
-        if not aborted and now >= 2:
-            for e, rid in ((plain, "a-plain"), (guarded, "a-sg")):
-                e.scheduler.finish_requests([rid], V.RequestStatus.FINISHED_ABORTED)
-            aborted_at = now
-            aborted = True
-        trace.append(
-            {
-                "t": now,
-                "f-plain": _status(plain, "f-plain"),
-                "f-sg": _status(guarded, "f-sg"),
-                "a-plain": "a-plain" in plain.scheduler.requests,
-                "a-sg": "a-sg" in guarded.scheduler.requests,
-                "held_plain": base["plain"] - plain.free_blocks(),
-                "held_sg": base["guarded"] - guarded.free_blocks(),
-                "in_flight_plain": _in_flight(plain, "f-plain") + _in_flight(plain, "a-plain"),
-                "in_flight_sg": _in_flight(guarded, "f-sg") + _in_flight(guarded, "a-sg"),
-            }
-        )
-    out["freeze"] = {
-        "real_seconds": time.monotonic() - real0,
-        "aborted_at": aborted_at,
-        "trace": trace,
-        "outputs": {k: outputs.get(k, []) for k in ("f-plain", "f-sg", "a-plain", "a-sg")},
-        "counts": dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items()),
-        "heartbeat_engines_plain": list(plain.connector.connector_scheduler._heartbeat_by_engine),
-        "heartbeat_engines_sg": list(guarded.connector.connector_scheduler._heartbeat_by_engine),
-    }
+    # ---- the freeze: P frozen after its prefill, mid-READ. In a few runs on the busy
+    # CI machine some READs to the SIGSTOPped prefill completed anyway (cause not found;
+    # see docs/vllm.md): then the fault did not take, and the scenario is run once more
+    # with fresh requests. The attempts are reported.
+    for attempt in (1, 2):
+        freeze = freeze_run(attempt)
+        if freeze["fault_held"]:
+            break
+        P.thaw()
+        for _ in range(10):
+            tick(0.05, advance=0.0)
+    freeze["attempts"] = attempt
+    out["freeze"] = freeze
+    blocks_sg = freeze.pop("blocks_sg")
 
     # ---- after the failure: zero the freed blocks, thaw P, see whether anything lands
     for name in V.LAYERS:
@@ -243,9 +289,10 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
         "nonzero_in_freed_blocks": int(
             sum(int(guarded.caches[n][b].count_nonzero()) for n in V.LAYERS for b in blocks_sg)
         ),
-        "f-plain": _status(plain, "f-plain"),
+        "f-plain": _status(plain, freeze["rids"]["f-plain"]),
         "held_plain": base["plain"] - plain.free_blocks(),
     }
+    out["forced_total"] = {p: n for (k, p), n in sg.counts.items() if k == "forced"}
     out["stats_payloads"] = payloads
     out["prometheus"] = prometheus(guarded, payloads)
     return out
@@ -417,6 +464,21 @@ def badconfig(P: Prefill, clock: Any) -> dict[str, Any]:
     return out
 
 
+def _span_recorder() -> Any:
+    """An OpenTelemetry SDK with an in-memory exporter, as an operator's tracing setup
+    would install one: stallguard's core emits its spans through the global provider."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
+
+
 T0 = time.monotonic()
 
 
@@ -432,10 +494,15 @@ def run_all(config_path: str, which: list[str]) -> dict[str, Any]:
         clock = FakeClock(1000.0)
         sgc.set_clock(clock)
         V.init_process(29612)
+        spans = _span_recorder()
         out: dict[str, Any] = {"timing": {"start": time.monotonic() - T0}}
         for name in which:
             out[name] = SCENARIOS[name](P, clock)
             out["timing"][name] = time.monotonic() - T0
+        out["spans"] = [
+            {"name": sp.name, "attributes": dict(sp.attributes or {})}
+            for sp in spans.get_finished_spans()
+        ]
         return out
     finally:
         P.kill()
