@@ -165,6 +165,23 @@ def test_prometheus_counter_on_vllm_metrics(pull: Any) -> None:
     assert pull["prometheus"] == {k: float(v) for k, v in shipped.items()}
 
 
+def test_blocks_stay_held_while_a_release_is_refused(pull: Any) -> None:
+    """vLLM's rule for its own failures, kept by stallguard: a transfer handle whose
+    release fails keeps the request's blocks (the NIC may still write into them); the
+    release is retried every step and the request fails once it succeeds."""
+    rel = pull["release_refused"]
+    deadline = pull["deadline"]
+    trace = rel["trace"]
+    assert rel["refused_at"] == [1 + deadline, 2 + deadline, 3 + deadline]
+    for row in trace:
+        if row["t"] < 4 + deadline:
+            assert row["status"] == "WAITING_FOR_REMOTE_KVS" and row["held"] > 0
+            assert row["in_flight"] >= 1
+    done = next(row for row in trace if row["status"] == "FINISHED_ERROR")
+    assert done["t"] == 4 + deadline and done["held"] == 0
+    assert [o["finish"] for o in rel["outputs"]] == ["ERROR"]
+
+
 def test_freed_blocks_after_thaw(pull: Any) -> None:
     """What happens when the frozen prefill resumes after stallguard failed the decode:
     recorded, and asserted to be clean (nothing lands in the freed blocks)."""

@@ -292,6 +292,48 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
         "f-plain": _status(plain, freeze["rids"]["f-plain"]),
         "held_plain": base["plain"] - plain.free_blocks(),
     }
+
+    # ---- a release that fails: vLLM's rule "no release, no free" must hold. The
+    # NIXL agent's release_xfer_handle is made to raise (standing in for a backend that
+    # cannot confirm the DMA stopped) for the first 3 calls after the deadline.
+    params = P.prefill("rel")
+    P.freeze()
+    run(guarded, "rel-sg", params)
+    agent = guarded.worker.connector_worker.nixl_wrapper
+    real_release = agent.release_xfer_handle
+    refused: list[float] = []
+
+    def release(handle: Any) -> Any:
+        if len(refused) < 3:
+            refused.append(clock())
+            raise RuntimeError("injected: release refused")
+        return real_release(handle)
+
+    agent.release_xfer_handle = release
+    start = clock()
+    rel_trace = []
+    try:
+        while clock() - start < 2 * deadline:
+            tick()
+            rel_trace.append(
+                {
+                    "t": clock() - start,
+                    "status": _status(guarded, "rel-sg"),
+                    "in_flight": _in_flight(guarded, "rel-sg"),
+                    "held": base["guarded"] - guarded.free_blocks(),
+                }
+            )
+    finally:
+        agent.release_xfer_handle = real_release
+        P.thaw()
+    out["release_refused"] = {
+        "refused_at": [t - start for t in refused],
+        "trace": rel_trace,
+        "outputs": outputs.get("rel-sg", []),
+    }
+    for _ in range(5):
+        tick(0.05, advance=0.0)
+
     out["forced_total"] = {p: n for (k, p), n in sg.counts.items() if k == "forced"}
     out["stats_payloads"] = payloads
     out["prometheus"] = prometheus(guarded, payloads)

@@ -126,6 +126,7 @@ class _Stallguard:
         self.stallguard: PhaseTracker | None = None
         self._sg_fail: set[str] = set()
         self._sg_release: set[str] = set()
+        self._sg_retrying: set[str] = set()
         if config.mode == "off":
             log.info("stallguard-vllm: mode off (%s): plain NIXL connector", config.source)
             return
@@ -273,13 +274,22 @@ class _Stallguard:
         for rid in tuple(self._sg_fail):
             handles = w._recving_transfers.get(rid)
             if handles:
+                # count the failed transfer once (vLLM's nixl_num_failed_transfers), not
+                # once per retry of a refused release
+                first = rid not in self._sg_retrying
                 keep = [
-                    h for h in handles if not w._handle_failed_transfer(rid, h, w._recv_failures)
+                    h
+                    for h in handles
+                    if not w._handle_failed_transfer(
+                        rid, h, w._recv_failures, record_failed_transfer=first
+                    )
                 ]
                 if keep:
                     w._recving_transfers[rid] = keep  # vLLM's rule: no release, no free
+                    self._sg_retrying.add(rid)
                     continue
                 del w._recving_transfers[rid]
+                self._sg_retrying.discard(rid)
             elif handles is not None:
                 pass  # push: the completion notification just arrived; let it succeed
             elif rid in w._recving_metadata:
