@@ -26,7 +26,7 @@ from stallguard_vllm._phases import (
 
 from stallguard.testing import FakeClock
 
-RIDS = st.sampled_from([f"r{i}" for i in range(5)])
+RIDS = st.sampled_from([f"r{i}" for i in range(3)])
 DEADLINES = {RECEIVING: 3.0, ABORTED_HELD: 2.0, HELD_FOR_READ: 4.0}
 CONFIG = Config(queued=5.0, receiving=3.0, aborted_held=2.0, held_for_read=4.0)
 
@@ -88,6 +88,12 @@ class TrackerMachine(RuleBasedStateMachine):
     @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 5.0]))
     def advance(self, dt: float) -> None:
         self.clock.advance(dt)
+
+    @rule(dt=st.sampled_from([0.5, 1.0, 2.5]))
+    def advance_and_step(self, dt: float) -> None:
+        """The scheduler's rhythm: time passes, then a step."""
+        self.clock.advance(dt)
+        self.step()
 
     @rule()
     def step(self) -> None:
