@@ -96,7 +96,7 @@ def coverage_rows(
             "HeldForRead",
             "prefill",
             "both",
-            "the transfer out (pull: D's READ; push: our WRITE)",
+            "the transfer out (pull: D's READ; push: P's WRITE)",
             f"lease {lease_s:g} s, renewed by every decode heartbeat",
             action(config.held_for_read, "lease expired -> finished_sending"),
         ),
