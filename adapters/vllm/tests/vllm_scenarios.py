@@ -76,6 +76,18 @@ def prefill_process(inq: Any, outq: Any, port: int) -> None:
         time.sleep(0.02)
 
 
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of every thread of *pid* (``/proc/PID/task/*/stat``)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:  # the thread just exited
+            continue
+    return states
+
+
 class Prefill:
     """The prefill child process."""
 
@@ -96,7 +108,16 @@ class Prefill:
         return params
 
     def freeze(self) -> None:
+        """SIGSTOP, then wait until every thread of the process is stopped: a group
+        stop takes effect thread by thread, and on a loaded machine the NIXL/UCX
+        progress threads could otherwise still serve a READ issued right after."""
         os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if all(state in ("T", "t") for state in _thread_states(self.proc.pid)):
+                return
+            time.sleep(0.005)
+        raise RuntimeError(f"prefill process {self.proc.pid} did not stop within 10 s")
 
     def thaw(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
