@@ -283,10 +283,10 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
         "forced": dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items()),
     }
 
-    # ---- the freeze: P frozen after its prefill, mid-READ. In a few runs on the busy
-    # CI machine some READs to the SIGSTOPped prefill completed anyway (cause not found;
-    # see docs/vllm.md): then the fault did not take, and the scenario is run once more
-    # with fresh requests. The attempts are reported.
+    # ---- the freeze: P frozen after its prefill, mid-READ. Before Prefill.freeze()
+    # waited for every thread to stop, some READs to the "frozen" prefill completed on
+    # the busy CI machine (docs/vllm.md); as a guard, a freeze that did not hold is run
+    # once more with fresh requests. The attempts are reported.
     for attempt in (1, 2):
         freeze = freeze_run(attempt)
         if freeze["fault_held"]:
