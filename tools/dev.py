@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reproducible developer environment for stallguard (stdlib only, Python 3.11).
 
-    python3 tools/dev.py env                 create/update .venv and .venv-sglang0517
+    python3 tools/dev.py env                 create/update .venv, .venv-sglang0517, .venv-vllm
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
     python3 tools/dev.py demo [demo args]    `env`, then the PD wedge demo (examples/pd_wedge)
     python3 tools/dev.py docs                `env`, then build the docs site into docs/_build/html
@@ -56,7 +56,13 @@ and the pins of 0.5.17 that differ from 0.5.23 (tools/lock/venv-sglang0517.txt);
 file appends .venv's site-packages for everything else (torch, engines, tooling, the
 project).
 
-Both venvs get `_stallguard_dev.pth`, which puts tests/_stubs (triton and torchvision
+* `.venv-vllm`: a separate venv (vLLM's pins conflict with SGLang's) for stallguard-vllm's
+  tests: vllm==0.33.0 and the pure-Python packages it imports (tools/vllm-packages.txt),
+  all --no-deps, torch==2.13.0 and nixl==1.5.1 + nixl-cu12==1.5.1 pinned by
+  tools/constraints-vllm.txt, test tooling, the project and adapters/vllm editable
+  (see env_vllm()).
+
+Both SGLang venvs get `_stallguard_dev.pth`, which puts tests/_stubs (triton and torchvision
 stand-ins) and adapters/sglang/tests (for `import sglang_support`) on sys.path and
 activates the triton stub, so spawned subprocesses see the same environment.
 """
@@ -696,13 +702,13 @@ def _env_locked() -> int:
     deferred: list[str] = []
 
     def step(
-        name: str, key: str | None, fn, stamps: Stamps, what: str, *, defer_failure=False
+        name: str, key: str | None, fn, stamps: Stamps, what: str = "", *, defer_failure=False
     ) -> None:
         nonlocal ran, skipped
         if key is not None and stamps.fresh(name, key):
             skipped += 1
             return
-        log(f"{name}: {what} ...")
+        log(f"{name}: {what or 'installing'} ...")
         t0 = time.monotonic()
         try:
             detail = fn()
@@ -822,6 +828,8 @@ def _env_locked() -> int:
         "importing sglang 0.5.17's disaggregation modules",
     )
 
+    env_vllm(step)
+
     total = time.monotonic() - t_all
     if deferred:
         log(f"env: FAILED after {total:.1f}s; everything else is installed. Failed steps:")
@@ -833,6 +841,90 @@ def _env_locked() -> int:
     else:
         log(f"env: up to date ({total:.2f}s)")
     return 0
+
+
+# --------------------------------------------------------------------------- .venv-vllm
+
+VENV_VLLM = ROOT / ".venv-vllm"
+CONSTRAINTS_VLLM = TOOLS / "constraints-vllm.txt"
+VLLM_PACKAGES = TOOLS / "vllm-packages.txt"  # pure-Python deps, pinned, --no-deps
+VLLM = ["vllm==0.33.0"]
+VLLM_TORCH = ["torch==2.13.0"]
+VLLM_NIXL = ["nixl==1.5.1", "nixl-cu12==1.5.1"]
+VLLM_TOOLING = [
+    "pytest",
+    "hypothesis",
+    "pytest-timeout",
+    "sortedcontainers",
+    "iniconfig",
+    "pluggy",
+]
+VLLM_EDITABLE = [ROOT, ROOT / "adapters" / "vllm"]
+VLLM_IMPORT_CHECK = (
+    "import vllm, torch, nixl._api\n"
+    "from vllm.v1.core.sched.scheduler import Scheduler\n"
+    "from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker\n"
+    "import stallguard_vllm\n"
+    "print(vllm.__version__, torch.__version__)\n"
+)
+
+
+def env_vllm(step) -> None:
+    """Build/refresh .venv-vllm (idempotent: its own stamps, in that venv)."""
+    t0 = time.monotonic()
+    if ensure_venv(VENV_VLLM, with_pip=True):
+        log(f"venv: created {VENV_VLLM} in {time.monotonic() - t0:.1f}s")
+        Stamps(VENV_VLLM).forget()
+    stamps = Stamps(VENV_VLLM)
+    key = sha(STAMP_VERSION, sys.version, CONSTRAINTS_VLLM)
+
+    def vpip(*args: str | os.PathLike) -> str:
+        # exact pins (tools/constraints-vllm.txt, tools/vllm-packages.txt), not yet a
+        # hashed lock like .venv's: see docs/dependencies.md
+        pip_install(VENV_VLLM, "-c", CONSTRAINTS_VLLM, *args)
+        return ""
+
+    step("vllm", sha(key, VLLM), lambda: vpip("--no-deps", *VLLM), stamps)
+    step("vllm-torch", sha(key, VLLM_TORCH), lambda: vpip("--no-deps", *VLLM_TORCH), stamps)
+    step(
+        "vllm-deps", sha(key, VLLM_PACKAGES), lambda: vpip("--no-deps", "-r", VLLM_PACKAGES), stamps
+    )
+    step("vllm-nixl", sha(key, VLLM_NIXL), lambda: vpip("--no-deps", *VLLM_NIXL), stamps)
+    step("vllm-tooling", sha(key, VLLM_TOOLING), lambda: vpip("--no-deps", *VLLM_TOOLING), stamps)
+    for proj in VLLM_EDITABLE:
+        pyproject = proj / "pyproject.toml"
+        if not pyproject.is_file():
+            continue
+        rel = proj.relative_to(ROOT).as_posix() or "."
+        step(
+            f"vllm editable {rel}",
+            sha(key, pyproject),
+            lambda proj=proj: vpip("--no-deps", "-e", proj),
+            stamps,
+            defer_failure=True,
+        )
+
+    def verify() -> str:
+        sp = site_packages(VENV_VLLM)
+        found = sorted(d.name for d in sp.glob("torch-*.dist-info"))
+        if found != ["torch-2.13.0+cpu.dist-info"]:
+            raise StepError(f"expected exactly torch 2.13.0+cpu in .venv-vllm, found {found}")
+        out = subprocess.run(
+            [str(venv_python(VENV_VLLM)), "-c", VLLM_IMPORT_CHECK],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+        )
+        words = out.stdout.split()
+        if out.returncode != 0 or not words or words[0] != VLLM[0].split("==")[1]:
+            raise StepError(
+                f".venv-vllm does not import vLLM's scheduler and NIXL connector:"
+                f"\n{out.stdout}\n{out.stderr[-3000:]}"
+            )
+        return f"vllm {words[0]} torch {words[1]} import OK"
+
+    step("verify .venv-vllm", sha(stamps.installs()), verify, stamps)
 
 
 def test_command(args: list[str]) -> int:
@@ -855,7 +947,12 @@ def demo_command(args: list[str]) -> int:
         return rc
     cmd = [str(venv_python(VENV)), "-m", "examples.pd_wedge", *args]
     log("demo: " + " ".join(cmd))
-    return subprocess.call(cmd, cwd=ROOT)
+    rc = subprocess.call(cmd, cwd=ROOT)
+    # The vLLM section: vLLM's NIXL connector with and without stallguard-vllm, run in
+    # .venv-vllm (examples/vllm_wedge.py; docs/demo.md).
+    cmd = [str(venv_python(VENV)), "-m", "examples.vllm_wedge"]
+    log("demo (vLLM): " + " ".join(cmd))
+    return max(rc, subprocess.call(cmd, cwd=ROOT))
 
 
 def docs_command() -> int:

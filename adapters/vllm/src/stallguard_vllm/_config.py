@@ -1,0 +1,151 @@
+"""The adapter's configuration: environment variables and the TOML file.
+
+Every error is a :class:`stallguard.ConfigError` naming the file (or variable), the
+dotted key and the bad value, in the core's message shape::
+
+    /etc/sg.toml: [decode] Receiving = -1: must be a positive, finite number of seconds,
+    or "none" for no deadline
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from stallguard import ConfigError
+from stallguard._adapters import TableReader, env_enabled, read_toml
+
+__all__ = [
+    "DEFAULTS",
+    "ENV_CONFIG",
+    "ENV_ENABLE",
+    "Config",
+    "Mode",
+    "load_config",
+    "parse_config",
+]
+
+#: Names a TOML file: enables the adapter with that configuration.
+ENV_CONFIG = "STALLGUARD_VLLM_CONFIG"
+#: ``1`` enables the adapter with the defaults; ``0`` disables it even when
+#: :data:`ENV_CONFIG` is set or the stallguard connector is selected (a kill switch).
+ENV_ENABLE = "STALLGUARD_VLLM"
+
+Mode = Literal["enforce", "report", "off"]
+
+#: Default deadlines (seconds; None = no deadline), by phase.
+DEFAULTS: Mapping[str, float | None] = {
+    "Queued": 600.0,
+    "Receiving": 120.0,
+    "AbortedHeld": 30.0,
+    "HeldForRead": 600.0,
+}
+_DECODE_KEYS = ("Queued", "Receiving", "AbortedHeld")
+_PREFILL_KEYS = ("HeldForRead",)
+_TOP_KEYS = ("mode", "decode", "prefill")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration (docs/vllm.md has the file format).
+
+    Attributes:
+        mode: ``"enforce"`` fails overdue requests through vLLM's failure path;
+            ``"report"`` only logs, traces and counts them; ``"off"`` makes the stallguard
+            connector behave exactly like vLLM's NIXL connector.
+        queued: decode, request queued before its blocks are allocated (it keeps the
+            prefill's blocks leased by heartbeats). Always report-only: vLLM gives a
+            connector no way to fail a request it has not allocated.
+        receiving: decode, ``WAITING_FOR_REMOTE_KVS``: handshake and READ in flight
+            (pull) or registration, WRITE and notification awaited (push).
+        aborted_held: decode, the request finished (abort, error) while receiving: its
+            blocks stay held until the transfer ends.
+        held_for_read: prefill, blocks held after the prefill for the decode to read.
+        source: the file's path, or ``"STALLGUARD_VLLM=1"``, or ``"defaults"``.
+    """
+
+    mode: Mode = "enforce"
+    queued: float | None = DEFAULTS["Queued"]
+    receiving: float | None = DEFAULTS["Receiving"]
+    aborted_held: float | None = DEFAULTS["AbortedHeld"]
+    held_for_read: float | None = DEFAULTS["HeldForRead"]
+    source: str = "defaults"
+
+    def deadlines(self) -> dict[str, float | None]:
+        """Phase name -> deadline in seconds (None: no deadline)."""
+        return {
+            "Queued": self.queued,
+            "Receiving": self.receiving,
+            "AbortedHeld": self.aborted_held,
+            "HeldForRead": self.held_for_read,
+        }
+
+
+def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
+    """The configuration the environment asks for, or None if the adapter is disabled.
+
+    * ``STALLGUARD_VLLM_CONFIG=/path/file.toml``: that file (parsed and validated now);
+    * ``STALLGUARD_VLLM=1``: the defaults;
+    * ``STALLGUARD_VLLM=0``: disabled, even if a file is named;
+    * neither: None (the connector then runs with the defaults: selecting it is the
+      opt-in; see :func:`connector_config`).
+
+    Raises:
+        stallguard.ConfigError: naming the file (or variable), the key and the bad value.
+    """
+    env = os.environ if environ is None else environ
+    path = env_enabled(env, enable_var=ENV_ENABLE, config_var=ENV_CONFIG)
+    if path is None:
+        return None
+    if path == "":
+        return Config(source=f"{ENV_ENABLE}={env.get(ENV_ENABLE)}")
+    return parse_config(read_toml(path, var=ENV_CONFIG), source=path)
+
+
+def connector_config(environ: Mapping[str, str] | None = None) -> Config:
+    """The configuration a stallguard connector runs with: :func:`load_config`'s, the
+    defaults when the environment names none, ``mode = "off"`` under ``STALLGUARD_VLLM=0``.
+
+    Raises:
+        stallguard.ConfigError: as :func:`load_config`.
+    """
+    env = os.environ if environ is None else environ
+    config = load_config(env)
+    if config is not None:
+        return config
+    if ENV_ENABLE in env:  # an explicit 0: the kill switch
+        return Config(mode="off", source=f"{ENV_ENABLE}={env[ENV_ENABLE]}")
+    return Config(source="defaults (connector selected, no STALLGUARD_VLLM_CONFIG)")
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "<dict>") -> Config:
+    """Validate an already-parsed TOML document into a :class:`Config`.
+
+    Raises:
+        stallguard.ConfigError: ``"<source>: [<table>] <key> = <value>: <problem>"``.
+    """
+    top = TableReader(data, source=source, where="", allowed=_TOP_KEYS)
+    mode = top.choice("mode", ("enforce", "report", "off"), "enforce")
+    decode = top.sub("decode", _DECODE_KEYS)
+    prefill = top.sub("prefill", _PREFILL_KEYS)
+    return Config(
+        mode=mode,  # type: ignore[arg-type]
+        queued=decode.seconds("Queued", DEFAULTS["Queued"]),
+        receiving=decode.seconds("Receiving", DEFAULTS["Receiving"]),
+        aborted_held=decode.seconds("AbortedHeld", DEFAULTS["AbortedHeld"]),
+        held_for_read=prefill.seconds("HeldForRead", DEFAULTS["HeldForRead"]),
+        source=source,
+    )
+
+
+def config_or_raise(environ: Mapping[str, str] | None = None) -> Config:
+    """:func:`connector_config`, with the error message prefixed by the adapter's name
+    (what a vLLM operator sees when the engine refuses to start)."""
+    try:
+        return connector_config(environ)
+    except ConfigError as e:
+        raise ConfigError(
+            f"stallguard-vllm: invalid configuration, refusing to start: {e}"
+        ) from None

@@ -1,0 +1,117 @@
+"""The coverage table: per phase, what vLLM 0.33 bounds on its own and what stallguard adds.
+
+Logged once per engine when a stallguard connector starts, and printed by
+``python -m stallguard_vllm``. The native bounds are from vLLM 0.33.0's source
+(file:line references in docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ._config import Config
+
+__all__ = ["CoverageRow", "coverage_rows", "format_coverage"]
+
+#: vLLM's default ``kv_lease_duration`` (``kv_connector_extra_config``), seconds.
+DEFAULT_LEASE = 30.0
+
+
+@dataclass(frozen=True)
+class CoverageRow:
+    """One line of the table.
+
+    Attributes:
+        phase: stallguard's phase name (the config key).
+        side: ``"decode"`` or ``"prefill"``.
+        transfer: ``"pull"``, ``"push"`` or ``"both"``.
+        what: what the request waits for in this phase.
+        native: vLLM's own bound, in words.
+        stallguard: stallguard's deadline and action under this config.
+    """
+
+    phase: str
+    side: str
+    transfer: str
+    what: str
+    native: str
+    stallguard: str
+
+
+def _secs(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} s"
+
+
+def coverage_rows(
+    config: Config, *, lease: float | None = None, modes: Iterable[str] = ("pull", "push")
+) -> list[CoverageRow]:
+    """The table's rows for *config* (and the prefill's ``kv_lease_duration``, default
+    30 s), for the transfer modes in *modes*."""
+    lease_s = DEFAULT_LEASE if lease is None else lease
+    wanted = set(modes)
+
+    def action(deadline: float | None, how: str, *, report_only: bool = False) -> str:
+        if config.mode == "off" or deadline is None:
+            return "not guarded"
+        if config.mode == "report" or report_only:
+            return f"{_secs(deadline)}, then reported (log, span, counter)"
+        return f"{_secs(deadline)}, then {how}"
+
+    fail = "failed_recving -> kv_load_failure_policy"
+    rows = [
+        CoverageRow(
+            "Queued",
+            "decode",
+            "both",
+            "allocation; keeps the prefill's lease alive",
+            "none (an ordinary queue; heartbeats extend the prefill's lease)",
+            action(config.queued, "", report_only=True),
+        ),
+        CoverageRow(
+            "Receiving",
+            "decode",
+            "pull",
+            "handshake, then the READ in flight",
+            "handshake 5 s; READ in flight: none",
+            action(config.receiving, fail),
+        ),
+        CoverageRow(
+            "Receiving",
+            "decode",
+            "push",
+            "registration, then P's WRITE + notification",
+            "none (push_registration_timeout 480 s only drops P's registration)",
+            action(config.receiving, fail),
+        ),
+        CoverageRow(
+            "AbortedHeld",
+            "decode",
+            "both",
+            "the transfer of an aborted request to end",
+            "none (blocks held until finished_recving)",
+            action(config.aborted_held, "transfer failed -> blocks freed"),
+        ),
+        CoverageRow(
+            "HeldForRead",
+            "prefill",
+            "both",
+            "the transfer out (pull: D's READ; push: P's WRITE)",
+            f"lease {lease_s:g} s, renewed by every decode heartbeat",
+            action(config.held_for_read, "lease expired -> finished_sending"),
+        ),
+    ]
+    return [r for r in rows if r.transfer == "both" or r.transfer in wanted]
+
+
+def format_coverage(rows: Iterable[CoverageRow]) -> str:
+    """The rows as an aligned text table."""
+    head = ("phase", "side", "mode", "waits for", "vLLM 0.33 bound", "stallguard")
+    lines = [head] + [(r.phase, r.side, r.transfer, r.what, r.native, r.stallguard) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = []
+    for n, line in enumerate(lines):
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)

@@ -1,0 +1,224 @@
+"""The state-mapping layer: a disaggregated request's phases, fed to stallguard's core.
+
+Pure Python (no vLLM import), so its promises are tested with random event sequences
+and a fake clock. The connector (``connector.py``) calls one method per phase change,
+where vLLM makes it, and :meth:`PhaseTracker.step` once per scheduler step; ``step``
+returns the requests to fail, which the connector hands to its workers through vLLM's
+connector metadata.
+
+Phases (docs/vllm.md has the table with vLLM's own bounds):
+
+========== ======== ===========================================================
+phase      side     from / until
+========== ======== ===========================================================
+Queued     decode   added with ``do_remote_prefill`` / blocks allocated (or gone)
+Receiving  decode   blocks allocated, ``WAITING_FOR_REMOTE_KVS`` / transfer ends
+AbortedHeld decode  finished (abort, error) while Receiving / transfer ends
+HeldForRead prefill prefill done, blocks held for the decode / ``finished_sending``
+========== ======== ===========================================================
+
+Promises (tests/test_vllm_phases.py tries to break them):
+
+* a request is ordered failed at most once, ever;
+* a request whose transfer ended (``done``) or that was never tracked is never
+  ordered failed;
+* a request is ordered failed in the first :meth:`step` at or past its phase's
+  deadline, counted from when it entered the phase, and never before;
+* ``Queued`` is only ever reported, never failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stallguard import Spec, Watchdog
+
+from ._config import Config
+
+__all__ = [
+    "ABORTED_HELD",
+    "DONE",
+    "HELD_FOR_READ",
+    "QUEUED",
+    "RECEIVING",
+    "Orders",
+    "PhaseTracker",
+]
+
+QUEUED = "Queued"
+RECEIVING = "Receiving"
+ABORTED_HELD = "AbortedHeld"
+HELD_FOR_READ = "HeldForRead"
+DONE = "Done"
+_RECEIVE_PHASES = (RECEIVING, ABORTED_HELD)
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What one scheduler step asks the workers to do.
+
+    Attributes:
+        fail_recv: decode requests whose receive the workers report failed (vLLM's
+            ``failed_recving``), releasing their in-flight transfer handles first.
+        release_send: prefill requests whose held blocks the workers release (vLLM's
+            lease-expiry path: reported in ``finished_sending``).
+    """
+
+    fail_recv: frozenset[str] = field(default_factory=frozenset)
+    release_send: frozenset[str] = field(default_factory=frozenset)
+
+    def __bool__(self) -> bool:
+        return bool(self.fail_recv or self.release_send)
+
+
+_NO_ORDERS = Orders()
+
+
+class PhaseTracker:
+    """One engine's disaggregated requests, by phase, with stallguard's deadlines.
+
+    Args:
+        config: the deadlines and the mode (``"off"`` is the caller's business: do not
+            build a tracker).
+        clock: seconds, never going backwards (tests: a ``FakeClock``).
+        attributes: span attributes added to every request (engine id, role).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        if config.mode not in ("enforce", "report"):
+            raise ValueError(f"a PhaseTracker needs mode enforce or report, got {config.mode!r}")
+        self.config = config
+        self.clock = clock
+        self.attributes = dict(attributes or {})
+        self.enforce = config.mode == "enforce"
+        self.transfers: Watchdog[str] = Watchdog(
+            Spec(
+                name="vllm_kv_transfer",
+                deadlines={
+                    RECEIVING: config.receiving,
+                    ABORTED_HELD: config.aborted_held,
+                    HELD_FOR_READ: config.held_for_read,
+                },
+                terminal=[DONE],
+            ),
+            clock=clock,
+            mode=config.mode,
+            memory=1 << 16,
+        )
+        # Report-only: a request without blocks cannot be failed from a connector.
+        self.queue: Watchdog[str] = Watchdog(
+            Spec(name="vllm_kv_queued", deadlines={QUEUED: config.queued}, terminal=[DONE]),
+            clock=clock,
+            mode="report",
+            memory=1 << 16,
+        )
+        #: (kind, phase) -> count, kind ``"forced"`` or ``"reported"``; since start.
+        self.counts: Counter[tuple[str, str]] = Counter()
+        #: the same, since the last :meth:`take_counts` (what the metrics export).
+        self._unexported: Counter[tuple[str, str]] = Counter()
+
+    # ------------------------------------------------------------------ phase changes
+
+    def queued(self, rid: str, *, trace_headers: Mapping[str, str] | None = None) -> None:
+        """Decode: a request that will receive its KV remotely was added."""
+        self.queue.observe(rid, QUEUED)
+        self._annotate(self.queue, rid, "decode", trace_headers)
+
+    def receiving(self, rid: str, *, trace_headers: Mapping[str, str] | None = None) -> None:
+        """Decode: blocks allocated, the request waits for remote KV."""
+        self.queue.observe(rid, DONE)
+        self.transfers.observe(rid, RECEIVING)
+        self._annotate(self.transfers, rid, "decode", trace_headers)
+
+    def not_receiving(self, rid: str) -> None:
+        """Decode: allocated without a remote transfer to wait for (full local hit)."""
+        self.queue.observe(rid, DONE)
+
+    def finished(self, rid: str) -> bool:
+        """The scheduler finished the request (any status). Returns True if its blocks
+        stay held for a transfer still running (it moved to ``AbortedHeld``)."""
+        self.queue.observe(rid, DONE)
+        if self.transfers.state_of(rid) == RECEIVING:
+            self.transfers.observe(rid, ABORTED_HELD)
+            return True
+        return False
+
+    def held_for_read(self, rid: str, *, trace_headers: Mapping[str, str] | None = None) -> None:
+        """Prefill: the prefill finished, its blocks are held for the decode's read."""
+        self.transfers.observe(rid, HELD_FOR_READ)
+        self._annotate(self.transfers, rid, "prefill", trace_headers)
+
+    def done(self, rid: str) -> None:
+        """The transfer ended (``finished_recving`` / ``finished_sending``)."""
+        self.queue.observe(rid, DONE)
+        self.transfers.observe(rid, DONE)
+
+    # ------------------------------------------------------------------ deadlines
+
+    def step(self, now: float | None = None) -> Orders:
+        """Run the deadline checks (once per scheduler step). Cheap when nothing is due:
+        two clock reads and two comparisons."""
+        if now is None:
+            now = self.clock()
+        for _ in self.queue.check(now):
+            self._count("reported", QUEUED)
+        expiries = self.transfers.check(now)
+        if not expiries:
+            return _NO_ORDERS
+        fail: set[str] = set()
+        release: set[str] = set()
+        kind = "forced" if self.enforce else "reported"
+        for expiry in expiries:
+            phase = str(expiry.state)
+            self._count(kind, phase)
+            if not self.enforce:
+                continue
+            if phase in _RECEIVE_PHASES:
+                fail.add(expiry.key)
+            elif phase == HELD_FOR_READ:
+                release.add(expiry.key)
+        if not fail and not release:
+            return _NO_ORDERS
+        return Orders(frozenset(fail), frozenset(release))
+
+    def take_counts(self) -> Counter[tuple[str, str]]:
+        """The counts since the last call (for vLLM's connector stats), then reset."""
+        out = self._unexported
+        self._unexported = Counter()
+        return out
+
+    def phase_of(self, rid: str) -> str | None:
+        """The phase *rid* is tracked in (None: not tracked)."""
+        state = self.transfers.state_of(rid)
+        if state is None:
+            state = self.queue.state_of(rid)
+        return None if state is None else str(state)
+
+    def __len__(self) -> int:
+        return len(self.transfers) + len(self.queue)
+
+    # ------------------------------------------------------------------ internals
+
+    def _count(self, kind: str, phase: str) -> None:
+        self.counts[(kind, phase)] += 1
+        self._unexported[(kind, phase)] += 1
+
+    def _annotate(
+        self,
+        wd: Watchdog[str],
+        rid: str,
+        side: str,
+        trace_headers: Mapping[str, str] | None,
+    ) -> None:
+        attributes = {"vllm.request_id": rid, "vllm.kv_side": side, **self.attributes}
+        wd.annotate(rid, attributes=attributes, trace_parent=trace_headers or None)

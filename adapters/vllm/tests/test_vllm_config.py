@@ -1,0 +1,132 @@
+"""The adapter's configuration: environment switch, TOML file, error messages naming the
+file, the key and the value; the CLI. Pure Python (no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from stallguard_vllm import DEFAULTS, Config, coverage_rows, format_coverage
+from stallguard_vllm.__main__ import main
+from stallguard_vllm._config import config_or_raise, connector_config, load_config, parse_config
+
+from stallguard import ConfigError
+
+
+def test_disabled_without_environment() -> None:
+    assert load_config({}) is None
+    # selecting the connector is the opt-in: it then runs with the defaults
+    config = connector_config({})
+    assert config.mode == "enforce" and config.deadlines() == dict(DEFAULTS)
+
+
+def test_enable_flag_and_kill_switch(tmp_path) -> None:
+    path = tmp_path / "sg.toml"
+    path.write_text("[decode]\nReceiving = 7\n")
+    assert load_config({"STALLGUARD_VLLM": "1"}) == Config(source="STALLGUARD_VLLM=1")
+    assert load_config({"STALLGUARD_VLLM_CONFIG": str(path)}).receiving == 7.0
+    # 0 wins over a named file, and turns the connector into the plain one
+    env = {"STALLGUARD_VLLM": "0", "STALLGUARD_VLLM_CONFIG": str(path)}
+    assert load_config(env) is None
+    assert connector_config(env).mode == "off"
+
+
+def test_file_values(tmp_path) -> None:
+    path = tmp_path / "sg.toml"
+    path.write_text(
+        'mode = "report"\n[decode]\nQueued = "none"\nReceiving = 45\nAbortedHeld = 5.5\n'
+        "[prefill]\nHeldForRead = 90\n"
+    )
+    config = load_config({"STALLGUARD_VLLM_CONFIG": str(path)})
+    assert config == Config(
+        mode="report",
+        queued=None,
+        receiving=45.0,
+        aborted_held=5.5,
+        held_for_read=90.0,
+        source=str(path),
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[decode]\nReceiving = -1\n", "[decode] Receiving = -1: must be a positive"),
+        ("[decode]\nReceiving = true\n", "[decode] Receiving = true: must be a positive"),
+        ("[decode]\nReceiving = inf\n", "[decode] Receiving = inf: must be a positive"),
+        ('[decode]\nReceiving = "soon"\n', '[decode] Receiving = "soon": must be'),
+        (
+            "[decode]\nRecieving = 3\n",
+            "[decode] Recieving = 3: unknown key (did you mean 'Receiving'?)",
+        ),
+        ('mode = "enforced"\n', 'mode = "enforced": must be one of "enforce", "report", "off"'),
+        ("decode = 3\n", "decode = 3: must be a table ([decode])"),
+        ("[prefil]\nHeldForRead = 3\n", "prefil = "),
+        ("[prefill]\nReceiving = 3\n", "[prefill] Receiving = 3: unknown key"),
+        ("[decode\n", "not valid TOML"),
+    ],
+)
+def test_bad_file_names_key_and_value(tmp_path, text: str, needle: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config({"STALLGUARD_VLLM_CONFIG": str(path)})
+    assert needle in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_bad_environment() -> None:
+    with pytest.raises(ConfigError, match="STALLGUARD_VLLM='maybe'"):
+        load_config({"STALLGUARD_VLLM": "maybe"})
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config({"STALLGUARD_VLLM_CONFIG": "/nonexistent/sg.toml"})
+    with pytest.raises(ConfigError, match="refusing to start.*no such file"):
+        config_or_raise({"STALLGUARD_VLLM_CONFIG": "/nonexistent/sg.toml"})
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-10, max_value=10**6),
+        st.booleans(),
+        st.text(max_size=8),
+    )
+)
+def test_any_seconds_value_is_accepted_or_named(value: object) -> None:
+    """Every value either parses to a positive finite deadline (or none), or raises a
+    ConfigError naming the key; nothing else escapes."""
+    try:
+        config = parse_config({"decode": {"Receiving": value}}, source="t.toml")
+    except ConfigError as e:
+        assert str(e).startswith("t.toml: [decode] Receiving = ")
+        return
+    got = config.receiving
+    assert got is None or (got > 0 and got != float("inf"))
+
+
+def test_coverage_table_names_every_phase() -> None:
+    rows = coverage_rows(Config(receiving=60.0), lease=10.0)
+    text = format_coverage(rows)
+    for phase in ("Queued", "Receiving", "AbortedHeld", "HeldForRead"):
+        assert phase in text
+    assert "READ in flight: none" in text and "60 s, then failed_recving" in text
+    assert "lease 10 s" in text
+    assert {r.transfer for r in rows} == {"pull", "push", "both"}
+    assert {r.stallguard for r in coverage_rows(Config(mode="off"))} == {"not guarded"}
+    report = {r.phase: r.stallguard for r in coverage_rows(Config(mode="report"))}
+    assert report["Receiving"] == "120 s, then reported (log, span, counter)"
+
+
+def test_cli(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("STALLGUARD_VLLM", raising=False)
+    path = tmp_path / "sg.toml"
+    path.write_text("[decode]\nReceiving = 33\n")
+    monkeypatch.setenv("STALLGUARD_VLLM_CONFIG", str(path))
+    assert main(["--transfer", "pull"]) == 0
+    out = capsys.readouterr().out
+    assert "33 s, then failed_recving" in out
+    assert "WRITE" not in out  # --transfer pull: no push row
+    path.write_text("[decode]\nReceiving = 0\n")
+    assert main([]) == 2
+    assert "[decode] Receiving = 0" in capsys.readouterr().err

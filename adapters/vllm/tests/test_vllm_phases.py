@@ -1,0 +1,175 @@
+"""Hypothesis tests of the adapter's promises on its state-mapping layer (PhaseTracker),
+with a FakeClock: random sequences of vLLM's phase changes, clock moves and scheduler
+steps, checked against a model of what the docs promise (see _phases.py):
+
+* a request is ordered failed at most once, ever;
+* a request whose transfer ended (``done``) is never ordered failed afterwards;
+* a request is ordered failed in the first step at or past its phase's deadline, counted
+  from when it entered the phase, and never before;
+* ``Queued`` is only ever reported, never failed; report mode never orders anything.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from stallguard_vllm._config import Config
+from stallguard_vllm._phases import (
+    ABORTED_HELD,
+    HELD_FOR_READ,
+    QUEUED,
+    RECEIVING,
+    PhaseTracker,
+)
+
+from stallguard.testing import FakeClock
+
+RIDS = st.sampled_from([f"r{i}" for i in range(3)])
+DEADLINES = {RECEIVING: 3.0, ABORTED_HELD: 2.0, HELD_FOR_READ: 4.0}
+CONFIG = Config(queued=5.0, receiving=3.0, aborted_held=2.0, held_for_read=4.0)
+
+
+class TrackerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock(100.0)
+        self.tracker = PhaseTracker(CONFIG, clock=self.clock)
+        # the model: rid -> (phase, entered_at) for tracked transfers
+        self.phase: dict[str, tuple[str, float]] = {}
+        self.concluded: set[str] = set()  # done (while tracked) or ordered failed
+        self.ordered: list[str] = []
+        self.done_rids: set[str] = set()
+
+    def _enter(self, rid: str, phase: str) -> None:
+        if rid in self.concluded:
+            return  # a concluded request is never re-armed
+        current = self.phase.get(rid)
+        if current is not None and current[0] == phase:
+            return  # same phase again: the clock does not restart
+        self.phase[rid] = (phase, self.clock())
+
+    @rule(rid=RIDS)
+    def queued(self, rid: str) -> None:
+        self.tracker.queued(rid)
+
+    @rule(rid=RIDS)
+    def receiving(self, rid: str) -> None:
+        self.tracker.receiving(rid)
+        self._enter(rid, RECEIVING)
+
+    @rule(rid=RIDS)
+    def not_receiving(self, rid: str) -> None:
+        self.tracker.not_receiving(rid)
+
+    @rule(rid=RIDS)
+    def finished(self, rid: str) -> None:
+        held = self.tracker.finished(rid)
+        current = self.phase.get(rid)
+        expect = current is not None and current[0] == RECEIVING
+        assert held == expect
+        if expect:
+            self._enter(rid, ABORTED_HELD)
+
+    @rule(rid=RIDS)
+    def held_for_read(self, rid: str) -> None:
+        self.tracker.held_for_read(rid)
+        self._enter(rid, HELD_FOR_READ)
+
+    @rule(rid=RIDS)
+    def done(self, rid: str) -> None:
+        self.tracker.done(rid)
+        if rid in self.phase:
+            del self.phase[rid]
+            self.concluded.add(rid)
+            self.done_rids.add(rid)
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 5.0]))
+    def advance(self, dt: float) -> None:
+        self.clock.advance(dt)
+
+    @rule(dt=st.sampled_from([0.5, 1.0, 2.5]))
+    def advance_and_step(self, dt: float) -> None:
+        """The scheduler's rhythm: time passes, then a step."""
+        self.clock.advance(dt)
+        self.step()
+
+    @rule()
+    def step(self) -> None:
+        now = self.clock()
+        expected_fail = set()
+        expected_release = set()
+        for rid, (phase, entered) in list(self.phase.items()):
+            if entered + DEADLINES[phase] <= now:
+                (expected_release if phase == HELD_FOR_READ else expected_fail).add(rid)
+                del self.phase[rid]
+                self.concluded.add(rid)
+        orders = self.tracker.step()
+        assert set(orders.fail_recv) == expected_fail
+        assert set(orders.release_send) == expected_release
+        for rid in orders.fail_recv | orders.release_send:
+            assert rid not in self.ordered, f"{rid} ordered failed twice"
+            assert rid not in self.done_rids, f"{rid} ordered failed after its transfer ended"
+            self.ordered.append(rid)
+
+    @invariant()
+    def queued_never_forced(self) -> None:
+        assert self.tracker.counts[("forced", QUEUED)] == 0
+
+    @invariant()
+    def forced_count_matches(self) -> None:
+        forced = sum(n for (kind, _), n in self.tracker.counts.items() if kind == "forced")
+        assert forced == len(self.ordered)
+
+
+TestTracker = TrackerMachine.TestCase
+TestTracker.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+EVENTS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["queued", "receiving", "finished", "held_for_read", "done", "advance", "step"]
+        ),
+        RIDS,
+        st.sampled_from([0.5, 1.0, 4.0]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(events=EVENTS)
+def test_report_mode_never_orders(events: list[tuple[str, str, float]]) -> None:
+    clock = FakeClock(0.0)
+    tracker = PhaseTracker(
+        Config(mode="report", queued=1.0, receiving=1.0, aborted_held=1.0, held_for_read=1.0),
+        clock=clock,
+    )
+    for name, rid, dt in events:
+        if name == "advance":
+            clock.advance(dt)
+        elif name == "step":
+            assert not tracker.step()
+        else:
+            getattr(tracker, name)(rid)
+    assert not tracker.step()
+    assert all(kind == "reported" for kind, _ in tracker.counts)
+
+
+def test_queued_overstay_is_reported_once_and_never_failed() -> None:
+    clock = FakeClock(0.0)
+    tracker = PhaseTracker(CONFIG, clock=clock)
+    tracker.queued("q")
+    clock.advance(CONFIG.queued or 0)
+    assert not tracker.step()
+    clock.advance(100)
+    assert not tracker.step()
+    assert tracker.counts == {("reported", QUEUED): 1}
+    assert tracker.take_counts() == {("reported", QUEUED): 1}
+    assert tracker.take_counts() == {}
+
+
+def test_mode_off_has_no_tracker() -> None:
+    with pytest.raises(ValueError, match="mode enforce or report"):
+        PhaseTracker(Config(mode="off"))

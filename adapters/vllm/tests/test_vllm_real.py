@@ -1,0 +1,251 @@
+"""stallguard-vllm on the real vLLM 0.33.0 code with real NIXL agents (UCX over TCP on
+loopback), run in .venv-vllm in subprocesses (tools/dev.py builds it).
+
+One subprocess (vllm_scenarios.py): prefill engines (pull and push) in a child process
+that is frozen with SIGSTOP after its prefill, and two decode engines stepped side by
+side, one with vLLM's plain NIXL connector and one with stallguard's; stallguard's
+clock is a FakeClock moved one second per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def _skip_reason() -> str | None:
+    if not VENV_PYTHON.exists():
+        return f"{VENV_PYTHON} missing: run python3 tools/dev.py env"
+    return None
+
+
+SKIP = _skip_reason()
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(SKIP is not None, reason=SKIP or ""),
+]
+
+CONFIG = """
+[decode]
+Receiving = 10
+AbortedHeld = 4
+[prefill]
+HeldForRead = 6
+"""
+
+
+def run_scenario(name: str, config_text: str, tmp_path: Path, timeout: float = 240) -> Any:
+    config = tmp_path / "stallguard-vllm.toml"
+    config.write_text(config_text)
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_VLLM")}
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        UCX_TLS="tcp,self",
+        UCX_NET_DEVICES="lo",
+        VLLM_LOGGING_LEVEL="WARNING",
+    )
+    proc = subprocess.run(
+        [str(VENV_PYTHON), str(HERE / "vllm_scenarios.py"), name, str(config), str(out)],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        errors="replace",
+    )
+    if not out.exists():
+        raise AssertionError(
+            f"scenario {name} exited {proc.returncode} without a result\n"
+            f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+        )
+    result = json.loads(out.read_text())
+    if "error" in result:
+        raise AssertionError(f"scenario {name} raised:\n{result['error']}\n{proc.stderr[-4000:]}")
+    return result["ok"]
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Both scenarios in one subprocess pair (one vLLM start-up each side)."""
+    return run_scenario("pull,push,prefill_hold,badconfig", CONFIG, tmp_path_factory.mktemp("vllm"))
+
+
+@pytest.fixture(scope="module")
+def pull(scenarios: Any) -> Any:
+    return scenarios["pull"]
+
+
+@pytest.fixture(scope="module")
+def push(scenarios: Any) -> Any:
+    return scenarios["push"]
+
+
+def test_warm_requests_complete(pull: Any) -> None:
+    assert pull["warm"] == {"plain": "FINISHED_LENGTH_CAPPED", "guarded": "FINISHED_LENGTH_CAPPED"}
+
+
+def test_healthy_transfer_slower_than_half_the_deadline_is_never_failed(pull: Any) -> None:
+    slow = pull["slow"]
+    deadline = pull["deadline"]
+    # the READ really was stuck while P was frozen, then completed after 0.6 x deadline
+    assert slow["in_flight_while_frozen"] >= 1, slow
+    assert 0.5 * deadline < slow["received_after"] < deadline
+    assert slow["status"] == "FINISHED_LENGTH_CAPPED"
+    finishes = [o["finish"] for o in slow["outputs"] if o["finish"] is not None]
+    assert finishes == ["LENGTH"]
+    assert slow["forced"] == {}
+
+
+def test_frozen_prefill_without_stallguard_stays_pinned(pull: Any) -> None:
+    f = pull["freeze"]
+    deadline = pull["deadline"]
+    last = f["trace"][-1]
+    assert last["t"] >= 3 * deadline
+    assert last["f-plain"] == "WAITING_FOR_REMOTE_KVS"
+    assert last["held_plain"] > 0 and last["in_flight_plain"] >= 1
+    assert f["outputs"]["f-plain"] == []  # the client has heard nothing
+    assert "P" in f["heartbeat_engines_plain"]  # still extending P's lease
+
+
+def test_frozen_prefill_with_stallguard_fails_first_step_past_deadline(pull: Any) -> None:
+    f = pull["freeze"]
+    deadline = pull["deadline"]
+    trace = f["trace"]
+    first_error = next(i for i, row in enumerate(trace) if row["f-sg"] == "FINISHED_ERROR")
+    # Receiving began at the first step (t = 1): its deadline passes at t = 1 + deadline
+    # and the step that first sees it fails the request
+    assert trace[first_error]["t"] == 1 + deadline
+    assert all(row["f-sg"] == "WAITING_FOR_REMOTE_KVS" for row in trace[1:first_error])
+    # the client sees exactly one error output
+    outs = f["outputs"]["f-sg"]
+    assert [o["finish"] for o in outs] == ["ERROR"]
+    assert outs[0]["at"] - trace[0]["t"] > 0
+    # blocks freed and the handle released, right away
+    assert trace[first_error]["in_flight_sg"] == 0
+    assert trace[-1]["held_sg"] == 0
+    assert f["counts"].get("forced/Receiving") == 1
+
+
+def test_abort_while_waiting(pull: Any) -> None:
+    f = pull["freeze"]
+    trace = f["trace"]
+    aborted_at = f["aborted_at"]
+    held = pull["aborted_held_deadline"]
+    # without stallguard the aborted request's blocks stay held (vLLM waits for a
+    # finished_recving that never comes)
+    assert trace[-1]["a-plain"] is True
+    assert trace[-1]["t"] - aborted_at >= 3 * held
+    # with it: released in the first step past the AbortedHeld deadline
+    released = next(i for i, row in enumerate(trace) if not row["a-sg"])
+    assert (
+        trace[released]["t"] == aborted_at + 1 + held or trace[released]["t"] == aborted_at + held
+    )
+    assert f["counts"].get("forced/AbortedHeld") == 1
+
+
+def test_prometheus_counter_on_vllm_metrics(pull: Any) -> None:
+    """The counts travel the way vLLM ships connector stats (SchedulerStats ->
+    frontend -> KVConnectorProm), each failure once."""
+    shipped = Counter(p for d in pull["stats_payloads"] for p in d["stallguard_forced"])
+    assert shipped == Counter(pull["forced_total"])
+    assert shipped["Receiving"] >= 1 and shipped["AbortedHeld"] >= 1
+    assert pull["prometheus"] == {k: float(v) for k, v in shipped.items()}
+
+
+def test_blocks_stay_held_while_a_release_is_refused(pull: Any) -> None:
+    """vLLM's rule for its own failures, kept by stallguard: a transfer handle whose
+    release fails keeps the request's blocks (the NIC may still write into them); the
+    release is retried every step and the request fails once it succeeds."""
+    rel = pull["release_refused"]
+    deadline = pull["deadline"]
+    trace = rel["trace"]
+    assert rel["refused_at"] == [1 + deadline, 2 + deadline, 3 + deadline]
+    for row in trace:
+        if row["t"] < 4 + deadline:
+            assert row["status"] == "WAITING_FOR_REMOTE_KVS" and row["held"] > 0
+            assert row["in_flight"] >= 1
+    done = next(row for row in trace if row["status"] == "FINISHED_ERROR")
+    assert done["t"] == 4 + deadline and done["held"] == 0
+    assert [o["finish"] for o in rel["outputs"]] == ["ERROR"]
+
+
+def test_freed_blocks_after_thaw(pull: Any) -> None:
+    """What happens when the frozen prefill resumes after stallguard failed the decode:
+    recorded, and asserted to be clean (nothing lands in the freed blocks)."""
+    after = pull["after_thaw"]
+    assert after["blocks"]
+    assert after["nonzero_in_freed_blocks"] == 0
+
+
+def test_push_mode_write_never_arrives(push: Any) -> None:
+    """Push: the decode registered its blocks and waits for a WRITE + notification from a
+    prefill that froze. Plain: still waiting after 3 x the deadline; stallguard: failed
+    in the first step past it, blocks freed, one error output."""
+    assert push["warm"] == {"plain": "FINISHED_LENGTH_CAPPED", "guarded": "FINISHED_LENGTH_CAPPED"}
+    deadline = push["deadline"]
+    trace = push["trace"]
+    assert trace[-1]["t"] >= 3 * deadline
+    assert trace[-1]["x-plain"] == "WAITING_FOR_REMOTE_KVS" and trace[-1]["held_plain"] > 0
+    assert push["outputs"]["x-plain"] == []
+    first_error = next(i for i, row in enumerate(trace) if row["x-sg"] == "FINISHED_ERROR")
+    assert trace[first_error]["t"] == 1 + deadline
+    assert trace[-1]["held_sg"] == 0
+    assert [o["finish"] for o in push["outputs"]["x-sg"]] == ["ERROR"]
+    assert push["counts"] == {"forced/Receiving": 1}
+
+
+def test_bad_config_stops_the_engine(scenarios: Any) -> None:
+    """Building the scheduler (what EngineCore does at start-up) and loading vLLM's
+    general plugins both raise, naming the file, the key and the value."""
+    bad = scenarios["badconfig"]
+    want = f"{bad['path']}: [decode] Receiving = -1: must be a positive, finite number"
+    for where in ("connector", "plugin"):
+        message = bad[where]
+        assert message is not None, f"{where}: a bad file did not stop it"
+        assert message.startswith("ConfigError: stallguard-vllm: invalid configuration")
+        assert want in message
+    assert bad["registered"] == ["StallguardNixlConnector", "StallguardNixlPushConnector"]
+
+
+def test_prefill_blocks_held_for_a_read_that_never_comes(scenarios: Any) -> None:
+    """Prefill side: vLLM holds the blocks for its lease (300 s here, renewed by every
+    decode heartbeat in production); stallguard releases them through vLLM's lease-expiry
+    path (finished_sending) in the first step past HeldForRead."""
+    hold = scenarios["prefill_hold"]
+    deadline = hold["deadline"]
+    trace = hold["trace"]
+    assert trace[-1]["t"] >= 3 * deadline
+    assert trace[-1]["h-plain"] is True and trace[-1]["held_plain"] > 0
+    released = next(i for i, row in enumerate(trace) if not row["h-sg"])
+    assert trace[released]["t"] == deadline
+    assert all(row["h-sg"] and row["held_sg"] > 0 for row in trace[:released])
+    assert trace[released]["held_sg"] == 0
+    assert hold["counts"] == {"forced/HeldForRead": 1}
+
+
+def test_one_span_per_failure(scenarios: Any) -> None:
+    """Each request stallguard failed has exactly one ``stallguard.forced_failure`` span
+    (the core's OpenTelemetry hook), carrying vLLM's request id and the phase."""
+    spans = [sp for sp in scenarios["spans"] if sp["name"] == "stallguard.forced_failure"]
+    ids = [sp["attributes"].get("vllm.request_id") for sp in spans]
+    assert len(ids) == len(set(ids))  # never twice
+    rids = scenarios["pull"]["freeze"]["rids"]
+    side = {sp["attributes"]["vllm.request_id"]: sp["attributes"]["vllm.kv_side"] for sp in spans}
+    for rid in (rids["f-sg"], rids["a-sg"], "x-sg"):
+        assert side[rid] == "decode"
+    assert side["h-sg"] == "prefill"
+    total = sum(scenarios["pull"]["forced_total"].values()) + 2  # + push x-sg + prefill h-sg
+    assert len(ids) == total

@@ -1,0 +1,596 @@
+"""Real-vLLM scenarios for test_vllm_real.py, run in .venv-vllm:
+
+    python vllm_scenarios.py SCENARIO[,SCENARIO] CONFIG.toml OUT.json
+
+A prefill engine (vLLM's plain NIXL connector) runs in a child process, so it can be
+frozen with SIGSTOP the way a hung peer freezes; decode engines run here, one with
+vLLM's plain connector and one with stallguard's, stepped side by side. stallguard's
+deadlines run on a FakeClock moved one second per step (the transfers, the freeze and
+the NIXL/UCX traffic are real; only the deadline's clock is simulated, so no test sleeps
+for a deadline). Results go to OUT.json; the process ends with os._exit (UCX may crash
+at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SG_MODULE = "stallguard_vllm.connector"
+SG_KEYS = ("stallguard_forced", "stallguard_reported")
+PULL_P_PORT, PUSH_P_PORT, PUSH_D_PLAIN_PORT, PUSH_D_SG_PORT = 5600, 5601, 5602, 5603
+PREFILL_PLAIN_PORT, PREFILL_SG_PORT = 5604, 5605
+
+
+def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Feed the shipped stats to vLLM's own KV-connector Prometheus layer (what the API
+    server's stat logger does) and read stallguard's counters back."""
+    from prometheus_client import REGISTRY
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+
+    prom = KVConnectorProm(e.scheduler.vllm_config, ["model_name", "engine"], {0: ["tiny", "0"]})
+    for data in payloads:
+        full = dict(e.connector.build_kv_connector_stats().data)
+        full.update(data)
+        prom.observe(full, 0)
+    labels = {"model_name": "tiny", "engine": "0"}
+    return {
+        phase: REGISTRY.get_sample_value(
+            "vllm:stallguard_forced_failures_total", {**labels, "phase": phase}
+        )
+        for phase in ("Receiving", "AbortedHeld")
+    }
+
+
+def prefill_process(inq: Any, outq: Any, port: int) -> None:
+    """Two prefill engines in one process: ``pull`` (vLLM's NixlConnector, side channel
+    5600) and ``push`` (NixlPushConnector, 5601); frozen together by SIGSTOP."""
+    sys.path.insert(0, HERE)
+    import vllm_engine as V
+
+    V.init_process(port)
+    engines = {
+        "pull": V.engine("kv_producer", "P", port=PULL_P_PORT),
+        "push": V.engine("kv_producer", "PP", connector="NixlPushConnector", port=PUSH_P_PORT),
+    }
+    outq.put({"ready": True})
+    while True:
+        try:
+            mode, rid = inq.get_nowait()
+        except Exception:
+            mode = None
+        if mode is not None:
+            try:
+                outq.put(V.prefill(engines[mode], rid))
+            except Exception:
+                outq.put({"error": traceback.format_exc()})
+        for e in engines.values():
+            V.step(e)
+        time.sleep(0.02)
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of every thread of *pid* (``/proc/PID/task/*/stat``)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:  # the thread just exited
+            continue
+    return states
+
+
+class Prefill:
+    """The prefill child process."""
+
+    def __init__(self, port: int = 29611) -> None:
+        ctx = mp.get_context("spawn")
+        self.inq, self.outq = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(
+            target=prefill_process, args=(self.inq, self.outq, port), daemon=True
+        )
+        self.proc.start()
+        ready = self.outq.get(timeout=240)
+        assert isinstance(ready, dict) and ready.get("ready"), ready
+
+    def prefill(self, rid: str, mode: str = "pull") -> dict[str, Any]:
+        self.inq.put((mode, rid))
+        params = self.outq.get(timeout=60)
+        assert "error" not in params, params.get("error")
+        return params
+
+    def freeze(self) -> None:
+        """SIGSTOP, then wait until every thread of the process is stopped: a group
+        stop takes effect thread by thread, and on a loaded machine the NIXL/UCX
+        progress threads could otherwise still serve a READ issued right after."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if all(state in ("T", "t") for state in _thread_states(self.proc.pid)):
+                return
+            time.sleep(0.005)
+        raise RuntimeError(f"prefill process {self.proc.pid} did not stop within 10 s")
+
+    def thaw(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+
+
+def _status(e: Any, rid: str) -> str:
+    r = e.ran[rid]
+    return r.status.name
+
+
+def _in_flight(e: Any, rid: str) -> int:
+    return len(e.worker.connector_worker._recving_transfers.get(rid, ()))
+
+
+def pull(P: Prefill, clock: Any) -> dict[str, Any]:
+    """Pull mode: the freeze, the healthy slow transfer, the abort while waiting."""
+    import vllm_engine as V
+
+    plain = V.engine("kv_consumer", "D-plain")
+    guarded = V.engine(
+        "kv_consumer", "D-sg", connector="StallguardNixlConnector", module_path=SG_MODULE
+    )
+    sg = guarded.connector.stallguard
+    deadline = sg.config.receiving
+    held_deadline = sg.config.aborted_held
+    base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
+    out: dict[str, Any] = {"deadline": deadline, "aborted_held_deadline": held_deadline}
+    outputs: dict[str, list[Any]] = {}
+    payloads: list[dict[str, Any]] = []  # guarded engine's connector stats, as shipped
+
+    def run(e: Any, rid: str, params: dict[str, Any]) -> None:
+        V.add(e, V.request(rid, V.decode_params(params), 4))
+
+    def freeze_run(attempt: int) -> dict[str, Any]:
+        rid = {
+            k: f"{k}{'' if attempt == 1 else attempt}"
+            for k in ("f-plain", "f-sg", "a-plain", "a-sg")
+        }
+        frozen = {k: P.prefill(rid[k]) for k in rid}
+        P.freeze()
+        real0 = time.monotonic()
+        run(plain, rid["f-plain"], frozen["f-plain"])
+        run(guarded, rid["f-sg"], frozen["f-sg"])
+        run(plain, rid["a-plain"], frozen["a-plain"])
+        run(guarded, rid["a-sg"], frozen["a-sg"])
+        start = clock()
+        trace: list[dict[str, Any]] = []
+        aborted_at = None
+        blocks_sg: list[int] = []
+        counts0 = dict(sg.counts)
+        while clock() - start < 3 * deadline:
+            tick()
+            now = clock() - start
+            if not blocks_sg and _status(guarded, rid["f-sg"]) == "WAITING_FOR_REMOTE_KVS":
+                blocks_sg = guarded.block_ids(rid["f-sg"])
+            if aborted_at is None and now >= 2:
+                for e, k in ((plain, "a-plain"), (guarded, "a-sg")):
+                    e.scheduler.finish_requests([rid[k]], V.RequestStatus.FINISHED_ABORTED)
+                aborted_at = now
+            trace.append(
+                {
+                    "t": now,
+                    "f-plain": _status(plain, rid["f-plain"]),
+                    "f-sg": _status(guarded, rid["f-sg"]),
+                    "a-plain": rid["a-plain"] in plain.scheduler.requests,
+                    "a-sg": rid["a-sg"] in guarded.scheduler.requests,
+                    "held_plain": base["plain"] - plain.free_blocks(),
+                    "held_sg": base["guarded"] - guarded.free_blocks(),
+                    "in_flight_plain": _in_flight(plain, rid["f-plain"])
+                    + _in_flight(plain, rid["a-plain"]),
+                    "in_flight_sg": _in_flight(guarded, rid["f-sg"])
+                    + _in_flight(guarded, rid["a-sg"]),
+                }
+            )
+        counts = {
+            f"{k}/{p}": n - counts0.get((k, p), 0)
+            for (k, p), n in sg.counts.items()
+            if n - counts0.get((k, p), 0)
+        }
+        return {
+            "real_seconds": time.monotonic() - real0,
+            "aborted_at": aborted_at,
+            "trace": trace,
+            "outputs": {k: outputs.get(rid[k], []) for k in rid},
+            "counts": counts,
+            "heartbeat_engines_plain": list(
+                plain.connector.connector_scheduler._heartbeat_by_engine
+            ),
+            "heartbeat_engines_sg": list(
+                guarded.connector.connector_scheduler._heartbeat_by_engine
+            ),
+            "fault_held": all(
+                r["f-plain"] == "WAITING_FOR_REMOTE_KVS" and r["a-plain"] for r in trace
+            ),
+            "blocks_sg": blocks_sg,
+            "rids": rid,
+        }
+
+    def tick(real: float = 0.05, advance: float = 1.0) -> None:
+        clock.advance(advance)
+        for e in (plain, guarded):
+            eco, _ = V.step(e)
+            for v in eco.values():
+                stats = getattr(v, "scheduler_stats", None)
+                data = getattr(stats, "kv_connector_stats", None)
+                if e is guarded and data and any(data.get(k) for k in SG_KEYS):
+                    payloads.append({k: data[k] for k in SG_KEYS})
+                for o in v.outputs:
+                    outputs.setdefault(o.request_id, []).append(
+                        {
+                            "finish": None if o.finish_reason is None else o.finish_reason.name,
+                            "tokens": list(o.new_token_ids),
+                            "at": clock(),
+                        }
+                    )
+        time.sleep(real)
+
+    # ---- warm-up: one healthy request per decode (handshakes done, agents connected)
+    for e, rid in ((plain, "warm-plain"), (guarded, "warm-sg")):
+        run(e, rid, P.prefill(rid))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and any(
+        _status(e, r) != "FINISHED_LENGTH_CAPPED"
+        for e, r in ((plain, "warm-plain"), (guarded, "warm-sg"))
+    ):
+        tick()
+    out["warm"] = {"plain": _status(plain, "warm-plain"), "guarded": _status(guarded, "warm-sg")}
+
+    # ---- a healthy transfer slower than half the deadline: P frozen for 0.6 x deadline
+    # (run again, once, if the READ did not stall: see the freeze below)
+    for attempt in (1, 2):
+        slow = f"slow{attempt}"
+        params = P.prefill(slow)
+        P.freeze()
+        run(guarded, slow, params)
+        start = clock()
+        frozen_trace = []
+        while clock() - start < 0.6 * deadline:
+            tick()
+            frozen_trace.append((_status(guarded, slow), _in_flight(guarded, slow)))
+        slow_in_flight = max(n for _, n in frozen_trace)
+        P.thaw()
+        # stallguard's clock stands still from the thaw until the READ completes: how
+        # long that takes in real time depends on the machine's load, not the transfer
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30 and _status(guarded, slow) == "WAITING_FOR_REMOTE_KVS":
+            tick(0.02, advance=0.0)
+        received_at = clock() - start
+        for _ in range(int(2 * deadline)):  # well past the deadline: nothing may fire late
+            tick(0.0)
+        if slow_in_flight:
+            break
+    out["slow"] = {
+        "attempts": attempt,
+        "in_flight_while_frozen": slow_in_flight,
+        "frozen_trace": frozen_trace,
+        "received_after": received_at,
+        "status": _status(guarded, slow),
+        "outputs": outputs.get(slow, []),
+        "forced": dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items()),
+    }
+
+    # ---- the freeze: P frozen after its prefill, mid-READ. Before Prefill.freeze()
+    # waited for every thread to stop, some READs to the "frozen" prefill completed on
+    # the busy CI machine (docs/vllm.md); as a guard, a freeze that did not hold is run
+    # once more with fresh requests. The attempts are reported.
+    for attempt in (1, 2):
+        freeze = freeze_run(attempt)
+        if freeze["fault_held"]:
+            break
+        P.thaw()
+        for _ in range(10):
+            tick(0.05, advance=0.0)
+    freeze["attempts"] = attempt
+    out["freeze"] = freeze
+    blocks_sg = freeze.pop("blocks_sg")
+
+    # ---- after the failure: zero the freed blocks, thaw P, see whether anything lands
+    for name in V.LAYERS:
+        for b in blocks_sg:
+            guarded.caches[name][b].zero_()
+    P.thaw()
+    for _ in range(20):
+        tick(0.05)
+    out["after_thaw"] = {
+        "blocks": blocks_sg,
+        "nonzero_in_freed_blocks": int(
+            sum(int(guarded.caches[n][b].count_nonzero()) for n in V.LAYERS for b in blocks_sg)
+        ),
+        "f-plain": _status(plain, freeze["rids"]["f-plain"]),
+        "held_plain": base["plain"] - plain.free_blocks(),
+    }
+
+    # ---- a release that fails: vLLM's rule "no release, no free" must hold. The
+    # NIXL agent's release_xfer_handle is made to raise (standing in for a backend that
+    # cannot confirm the DMA stopped) for the first 3 calls after the deadline.
+    params = P.prefill("rel")
+    P.freeze()
+    run(guarded, "rel-sg", params)
+    agent = guarded.worker.connector_worker.nixl_wrapper
+    real_release = agent.release_xfer_handle
+    refused: list[float] = []
+
+    def release(handle: Any) -> Any:
+        if len(refused) < 3:
+            refused.append(clock())
+            raise RuntimeError("injected: release refused")
+        return real_release(handle)
+
+    agent.release_xfer_handle = release
+    start = clock()
+    rel_trace = []
+    try:
+        while clock() - start < 2 * deadline:
+            tick()
+            rel_trace.append(
+                {
+                    "t": clock() - start,
+                    "status": _status(guarded, "rel-sg"),
+                    "in_flight": _in_flight(guarded, "rel-sg"),
+                    "held": base["guarded"] - guarded.free_blocks(),
+                }
+            )
+    finally:
+        agent.release_xfer_handle = real_release
+        P.thaw()
+    out["release_refused"] = {
+        "refused_at": [t - start for t in refused],
+        "trace": rel_trace,
+        "outputs": outputs.get("rel-sg", []),
+    }
+    for _ in range(5):
+        tick(0.05, advance=0.0)
+
+    out["forced_total"] = {p: n for (k, p), n in sg.counts.items() if k == "forced"}
+    out["stats_payloads"] = payloads
+    out["prometheus"] = prometheus(guarded, payloads)
+    return out
+
+
+def push(P: Prefill, clock: Any) -> dict[str, Any]:
+    """Push mode: the decode registered its blocks and waits for the prefill's WRITE and
+    notification; the prefill is frozen after a healthy warm-up request."""
+    import vllm_engine as V
+
+    plain = V.engine(
+        "kv_consumer", "DP-plain", connector="NixlPushConnector", port=PUSH_D_PLAIN_PORT
+    )
+    guarded = V.engine(
+        "kv_consumer",
+        "DP-sg",
+        connector="StallguardNixlPushConnector",
+        module_path=SG_MODULE,
+        port=PUSH_D_SG_PORT,
+    )
+    sg = guarded.connector.stallguard
+    deadline = sg.config.receiving
+    base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
+    outputs: dict[str, list[Any]] = {}
+    coords = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": "PP",
+        "remote_host": "127.0.0.1",
+        "remote_port": PUSH_P_PORT,
+        "tp_size": 1,
+    }
+
+    def tick(real: float = 0.05, advance: float = 1.0) -> None:
+        clock.advance(advance)
+        for e in (plain, guarded):
+            eco, _ = V.step(e)
+            for v in eco.values():
+                for o in v.outputs:
+                    outputs.setdefault(o.request_id, []).append(
+                        {"finish": None if o.finish_reason is None else o.finish_reason.name}
+                    )
+        time.sleep(real)
+
+    # warm-up: decode registers first, then the prefill runs the same request id and
+    # WRITEs into the registered blocks
+    for e, rid in ((plain, "w-plain"), (guarded, "w-sg")):
+        V.add(e, V.request(rid, {**coords, "remote_request_id": rid}, 4))
+    # (stallguard's clock stands still during the warm-up: its length depends on the
+    # machine's load, and only the frozen request below is under test)
+    for _ in range(5):
+        tick(advance=0.0)
+    for rid in ("w-plain", "w-sg"):
+        P.prefill(rid, "push")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and any(
+        _status(e, r) != "FINISHED_LENGTH_CAPPED"
+        for e, r in ((plain, "w-plain"), (guarded, "w-sg"))
+    ):
+        tick(advance=0.0)
+    out: dict[str, Any] = {
+        "deadline": deadline,
+        "warm": {"plain": _status(plain, "w-plain"), "guarded": _status(guarded, "w-sg")},
+    }
+    P.freeze()
+    for e, rid in ((plain, "x-plain"), (guarded, "x-sg")):
+        V.add(e, V.request(rid, {**coords, "remote_request_id": rid}, 4))
+    start = clock()
+    trace = []
+    while clock() - start < 3 * deadline:
+        tick()
+        trace.append(
+            {
+                "t": clock() - start,
+                "x-plain": _status(plain, "x-plain"),
+                "x-sg": _status(guarded, "x-sg"),
+                "held_plain": base["plain"] - plain.free_blocks(),
+                "held_sg": base["guarded"] - guarded.free_blocks(),
+            }
+        )
+    out["trace"] = trace
+    out["outputs"] = {k: outputs.get(k, []) for k in ("x-plain", "x-sg")}
+    out["counts"] = dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items())
+    P.thaw()
+    return out
+
+
+def prefill_hold(P: Prefill, clock: Any) -> dict[str, Any]:
+    """The prefill side: blocks held for a decode that never reads them. vLLM's lease is
+    set to 300 s (real time, not reached here); stallguard's HeldForRead deadline runs
+    on the fake clock. A plain and a stallguard prefill engine, stepped side by side."""
+    import vllm_engine as V
+
+    extra = {"kv_lease_duration": 300}
+    plain = V.engine("kv_producer", "PH-plain", extra=extra, port=PREFILL_PLAIN_PORT)
+    guarded = V.engine(
+        "kv_producer",
+        "PH-sg",
+        connector="StallguardNixlConnector",
+        module_path=SG_MODULE,
+        extra=extra,
+        port=PREFILL_SG_PORT,
+    )
+    deadline = guarded.connector.stallguard.config.held_for_read
+    base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
+    V.prefill(plain, "h-plain")
+    V.prefill(guarded, "h-sg")
+    start = clock()
+    trace = []
+    while clock() - start < 3 * deadline:
+        clock.advance(1.0)
+        for e in (plain, guarded):
+            V.step(e)
+        trace.append(
+            {
+                "t": clock() - start,
+                "h-plain": "h-plain" in plain.scheduler.requests,
+                "h-sg": "h-sg" in guarded.scheduler.requests,
+                "held_plain": base["plain"] - plain.free_blocks(),
+                "held_sg": base["guarded"] - guarded.free_blocks(),
+            }
+        )
+        time.sleep(0.02)
+    counts = guarded.connector.stallguard.counts
+    return {
+        "deadline": deadline,
+        "trace": trace,
+        "counts": dict((f"{k}/{p}", n) for (k, p), n in counts.items()),
+    }
+
+
+def badconfig(P: Prefill, clock: Any) -> dict[str, Any]:
+    """A bad configuration file, as vLLM meets it: the engine's scheduler builds the
+    stallguard connector (EngineCore does this at start-up), and vLLM loads the general
+    plugins (EngineCore and workers do this first)."""
+    import tempfile
+
+    import vllm.plugins as vllm_plugins
+    import vllm_engine as V
+
+    bad = os.path.join(tempfile.mkdtemp(), "bad.toml")
+    with open(bad, "w") as f:
+        f.write("[decode]\nReceiving = -1\n")
+    saved = os.environ["STALLGUARD_VLLM_CONFIG"]
+    os.environ["STALLGUARD_VLLM_CONFIG"] = bad
+    out: dict[str, Any] = {"path": bad}
+    try:
+        try:
+            V.engine(
+                "kv_consumer", "D-bad", connector="StallguardNixlConnector", module_path=SG_MODULE
+            )
+            out["connector"] = None
+        except Exception as e:
+            out["connector"] = f"{type(e).__name__}: {e}"
+        vllm_plugins.plugins_loaded = False
+        try:
+            vllm_plugins.load_general_plugins()
+            out["plugin"] = None
+        except Exception as e:
+            out["plugin"] = f"{type(e).__name__}: {e}"
+    finally:
+        os.environ["STALLGUARD_VLLM_CONFIG"] = saved
+    # and with a good file, the plugin registers the connector names with vLLM
+    vllm_plugins.plugins_loaded = False
+    vllm_plugins.load_general_plugins()
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    out["registered"] = sorted(n for n in KVConnectorFactory._registry if "Stallguard" in n)
+    return out
+
+
+def _span_recorder() -> Any:
+    """An OpenTelemetry SDK with an in-memory exporter, as an operator's tracing setup
+    would install one: stallguard's core emits its spans through the global provider."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
+
+
+T0 = time.monotonic()
+
+
+def run_all(config_path: str, which: list[str]) -> dict[str, Any]:
+    os.environ["STALLGUARD_VLLM_CONFIG"] = config_path
+    P = Prefill()
+    try:
+        import stallguard_vllm.connector as sgc
+        import vllm_engine as V
+
+        from stallguard.testing import FakeClock
+
+        clock = FakeClock(1000.0)
+        sgc.set_clock(clock)
+        V.init_process(29612)
+        spans = _span_recorder()
+        out: dict[str, Any] = {"timing": {"start": time.monotonic() - T0}}
+        for name in which:
+            out[name] = SCENARIOS[name](P, clock)
+            out["timing"][name] = time.monotonic() - T0
+        out["spans"] = [
+            {"name": sp.name, "attributes": dict(sp.attributes or {})}
+            for sp in spans.get_finished_spans()
+        ]
+        return out
+    finally:
+        P.kill()
+
+
+SCENARIOS = {"pull": pull, "push": push, "prefill_hold": prefill_hold, "badconfig": badconfig}
+
+
+def main() -> None:
+    name, config_path, out_path = sys.argv[1:4]
+    sys.path.insert(0, HERE)
+    import vllm_engine as V
+
+    # one model path for every process: it is part of NIXL's compatibility hash
+    os.environ["TINY_MODEL_DIR"] = V.model_dir()
+    try:
+        result = {"ok": run_all(config_path, name.split(","))}
+    except BaseException:
+        result = {"error": traceback.format_exc()}
+    with open(out_path, "w") as f:
+        json.dump(result, f, default=str)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

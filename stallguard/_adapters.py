@@ -1,0 +1,157 @@
+"""Shared pieces for engine adapters (stallguard-vllm; stallguard-sglang may move here).
+
+An adapter is enabled by two environment variables (a TOML file, or "on with the
+defaults") and reads its own small TOML schema. Both need the same things, with the
+same message shape as the core's own config loader
+(``file.toml: [table] key = value: problem``):
+
+* :func:`env_enabled` - the enable/disable switch and the config-file variable;
+* :func:`read_toml` - a TOML file named by an environment variable, every failure a
+  :class:`~stallguard.ConfigError` naming the variable and the path;
+* :class:`TableReader` - strict reading of one table: unknown keys (with a "did you
+  mean" hint), sub-tables, choices, positive seconds.
+
+Pure Python, no engine import; not part of the public API (adapters import it as
+``stallguard._adapters`` and pin the core version they were released with).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ._config import _error, _unknown_key
+from ._errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["TableReader", "env_enabled", "read_toml"]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def env_enabled(environ: Mapping[str, str], *, enable_var: str, config_var: str) -> str | None:
+    """Decide from the environment whether an adapter is on, and with which file.
+
+    * ``<enable_var>=0`` (or false/no/off): off, even if a file is named (a kill switch);
+    * ``<config_var>=/path.toml``: on, with that file;
+    * ``<enable_var>=1`` (or true/yes/on): on, with the defaults;
+    * neither: off.
+
+    Returns:
+        None (off), ``""`` (on, defaults) or the file's path (on, that file).
+
+    Raises:
+        ConfigError: if *enable_var* holds anything else, naming it and its value.
+    """
+    flag = environ.get(enable_var)
+    enabled: bool | None = None
+    if flag is not None:
+        normalized = flag.strip().lower()
+        if normalized in _TRUE:
+            enabled = True
+        elif normalized in _FALSE:
+            enabled = False
+        else:
+            raise ConfigError(
+                f"environment variable {enable_var}={flag!r}: expected 1 (enable with the "
+                f"defaults) or 0 (disable), or unset it and name a file in {config_var}"
+            )
+    if enabled is False:
+        return None
+    path = environ.get(config_var, "").strip()
+    if path:
+        return path
+    return "" if enabled else None
+
+
+def read_toml(path: str, *, var: str) -> dict[str, Any]:
+    """Parse the TOML file *path* (named by the environment variable *var*).
+
+    Raises:
+        ConfigError: ``VAR='path': no such file`` (or: a directory, unreadable, or
+            ``path: not valid TOML: <parser message>``).
+    """
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{var}={path!r}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{var}={path!r}: is a directory, not a TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"{var}={path!r}: cannot read it: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+class TableReader:
+    """Strict reader of one TOML table; every error names the source, the table, the key
+    and the value.
+
+    Args:
+        table: the parsed table.
+        source: the file (or ``"<dict>"``) for messages.
+        where: the table's dotted name (``""`` for the top level).
+        allowed: the keys the table may hold.
+
+    Raises:
+        ConfigError: on construction, if *table* is not a table or holds a key outside
+            *allowed*.
+    """
+
+    def __init__(self, table: object, *, source: str, where: str, allowed: tuple[str, ...]) -> None:
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{source}: [{where}] must be a table, got {table!r}")
+        for key, value in table.items():
+            if key not in allowed:
+                raise _unknown_key(source, where, key, value, allowed)
+        self.table: Mapping[str, Any] = table
+        self.source = source
+        self.where = where
+
+    def error(self, key: str, value: object, problem: str) -> ConfigError:
+        """A :class:`ConfigError` for ``[where] key = value: problem``."""
+        return _error(self.source, self.where, key, value, problem)
+
+    def sub(self, key: str, allowed: tuple[str, ...]) -> TableReader:
+        """The sub-table *key* (empty if absent), read with its own *allowed* keys."""
+        value = self.table.get(key, {})
+        dotted = f"{self.where}.{key}" if self.where else key
+        if not isinstance(value, Mapping):
+            raise self.error(key, value, f"must be a table ([{dotted}])")
+        return TableReader(value, source=self.source, where=dotted, allowed=allowed)
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+        """The string *key*, one of *allowed* (*default* if absent)."""
+        value = self.table.get(key, default)
+        if value not in allowed:
+            shown = ", ".join(f'"{a}"' for a in allowed)
+            raise self.error(key, value, f"must be one of {shown}")
+        return str(value)
+
+    def seconds(self, key: str, default: float | None) -> float | None:
+        """A positive, finite number of seconds, or ``"none"`` (None: no deadline)."""
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise self.error(
+                key,
+                value,
+                'must be a positive, finite number of seconds, or "none" for no deadline',
+            )
+        return float(value)
