@@ -1,5 +1,6 @@
 """``python -m stallguard_sglang``: validate the configuration the environment names and
-print the support table (what SGLang bounds on its own, what stallguard enforces), without
+print the support tables, prefill and decode (what SGLang bounds on its own, what
+stallguard enforces), without
 starting SGLang. Exit status 2 on a bad configuration, 1 if the adapter is disabled."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 from stallguard import ConfigError
 
 from ._config import BACKENDS, ENV_CONFIG, ENV_ENABLE, load_config
-from ._profiles import format_support_table, support_table
+from ._profiles import decode_support_table, format_support_table, support_table
 from .package import SUPPORTED_SGLANG, is_supported, sglang_version
 
 
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SGLang: {version or 'not installed'} ({support}; supported {SUPPORTED_SGLANG})")
     rows = support_table(config, args.backend or BACKENDS, version=version)
     print(format_support_table(rows, version=version))
+    print()
+    print("decode queues (every backend):")
+    print(format_support_table(decode_support_table(config), version="0.5.23", second="policy"))
     return 0
 
 

@@ -79,7 +79,7 @@ def install(config: Config, *, via: str = "plugins") -> None:
                 config.source,
             )
         return
-    from . import _inflight
+    from . import _decode, _inflight
 
     version = sglang_version()
     if version is not None and not is_supported(version):
@@ -90,7 +90,7 @@ def install(config: Config, *, via: str = "plugins") -> None:
             SUPPORTED_SGLANG,
         )
     _inflight.set_runtime(_inflight.Runtime(config, version=version))
-    plan = _inflight.hook_plan(config, version)
+    plan = _inflight.hook_plan(config, version) + _decode.hook_plan(config)
     if via == "plugins":
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -105,12 +105,13 @@ def install(config: Config, *, via: str = "plugins") -> None:
         raise ValueError(f"via must be 'plugins' or 'patch', got {via!r}")
     _installed = config
     log.info(
-        "stallguard-sglang active on SGLang %s (config %s; prefill %s, bootstrap queue %s; "
-        "%d hooks via %s)",
+        "stallguard-sglang active on SGLang %s (config %s; prefill %s, bootstrap queue %s, "
+        "decode %s; %d hooks via %s)",
         version,
         config.source,
         config.prefill.mode,
         config.bootstrap_queue.mode,
+        config.decode.mode,
         len(plan),
         via,
     )
