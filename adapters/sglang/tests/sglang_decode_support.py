@@ -477,6 +477,9 @@ class DecodeSide:
         self.transfer.extend(admitted)
         done = self.transfer.pop_transferred()
         self.done += [r.rid for r in done]
+        for req in done:  # (the request decodes and finishes: its slot is free again)
+            self.host.free_slot(req.kv.req_pool_idx)
+            req.kv.req_pool_idx = None
         return [r.rid for r in done]
 
     def rids(self, queue: str) -> list[str]:

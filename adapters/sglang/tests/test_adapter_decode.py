@@ -206,7 +206,8 @@ def test_each_phase_fails_at_its_deadline_through_sglangs_path(peer, side):
 
 
 def test_healthy_requests_are_untouched_and_nothing_is_left_behind(peer, side):
-    with guarded() as (clock, expiries):
+    config = {"decode": {"prealloc": {"WaitingForInput": 20}, "transfer": TRANSFER}}
+    with guarded(config) as (clock, expiries):
         rooms = {f"ok{i}": ds.next_room() for i in range(3)}
         for rid, room in rooms.items():
             peer.call("register", room)
