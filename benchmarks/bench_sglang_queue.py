@@ -3,8 +3,8 @@
 
 Runs the REAL ``SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue``
 of the installed SGLang over N inflight requests with real ``NixlKVSender`` objects
-(managers without a transfer engine: ``tests/sglang_support``), in three arms that
-alternate in this one process:
+(managers without a transfer engine: ``sglang_support`` in adapters/sglang/tests), in
+three arms that alternate in this one process:
 
 * ``disabled``: SGLang as shipped;
 * ``enabled``: stallguard-sglang as a server loads it: ``STALLGUARD_SGLANG_CONFIG`` names a
@@ -25,7 +25,9 @@ stays constant. The timing covers the ``update_status`` calls and the queue call
 
 Prints, per N, the median per-iteration time of each arm (and per request) and the
 enabled/disabled and naive/disabled ratios of the medians. The garbage collector stays on.
-``--quick`` only checks that the script works.
+``--interleave`` runs the churn mix of issue 14 instead of batches: the arms alternate
+iteration by iteration (``--rounds`` x ``--batch`` iterations per arm, one at a time, no
+collection between them). ``--quick`` only checks that the script works.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # sglang_support (also put there by tools/dev.py)
+# sglang_support lives with the adapter's tests (tools/dev.py's .pth also puts it there)
+sys.path.insert(0, str(ROOT / "adapters" / "sglang" / "tests"))
 
 WFI, TRANSFERRING, SUCCESS = 2, 3, 4
 KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
@@ -54,10 +57,8 @@ Bootstrapping = 1e6
 WaitingForInput = 1e6
 Transferring = 1e6
 """
-# --watch-all: a progress window on Transferring makes the adapter hand every request to
-# its watchdog at enrollment and every change as it is applied (the cost of the
-# watchdog's bookkeeping for every request, as if every request outlived half its
-# shortest deadline)
+# --watch-all: a progress window on Transferring, so that every request in Transferring
+# also has a progress window in the watchdog (every repeated update_status renews it)
 CONFIG_WATCH_ALL = """
 [prefill.deadlines]
 Bootstrapping = 1e6
@@ -166,9 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--watch-all",
         action="store_true",
-        help="configure a progress window, so that every request is in the watchdog from "
-        "enrollment (the worst case) instead of once its state has lasted half the "
-        "shortest deadline",
+        help="configure a progress window (stall) on Transferring as well",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="alternate the arms iteration by iteration (rounds x batch iterations per "
+        "arm, one at a time) instead of in batches",
     )
     parser.add_argument("--quick", action="store_true", help="tiny run: checks the script only")
     args = parser.parse_args(argv)
@@ -176,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     churns = [int(c) for c in args.churn.split(",")]
     if args.quick:
         counts, args.rounds, args.batch = [50], 2, 3
+    if args.interleave:
+        args.rounds, args.batch = args.rounds * args.batch, 1
 
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as config:
         config.write(CONFIG_WATCH_ALL if args.watch_all else CONFIG)
@@ -235,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             order = arms if r % 2 == 0 else arms[::-1]
             for arm in order:
                 arm.activate()
-                gc.collect()
+                if not args.interleave:
+                    gc.collect()
                 start = len(arm.samples)
                 arm.iterate(args.batch)
                 arm.round_medians.append(statistics.median(arm.samples[start:]))
@@ -257,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         if tracked != n:
             raise SystemExit(f"enabled arm guards {tracked} requests, expected {n}")
         watched = sum(len(wd) for wd in guard.watchdogs.values())
-        if args.watch_all and watched != n:
-            raise SystemExit(f"--watch-all: the watchdog tracks {watched} requests, not {n}")
+        if watched != n:
+            raise SystemExit(f"the enabled arm's watchdog tracks {watched} requests, not {n}")
         in_watchdog.append(f"{watched:,} of {n:,}")
         results.append((n, churn, medians, len(arms[0].samples), paired))
         log(
@@ -272,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         f"SGLang {sglang.__version__}, Python {platform.python_version()}, "
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load0:.2f} -> {load1:.2f}; "
         f"{args.rounds} alternations x {args.batch} iterations per arm and N"
-        f"{'; --watch-all (every request in the watchdog)' if args.watch_all else ''}.\n"
+        f"{'; --watch-all (a progress window on Transferring)' if args.watch_all else ''}"
+        f"{'; --interleave (arms alternate every iteration)' if args.interleave else ''}.\n"
     )
     print(
         "| inflight N | churn | disabled | enabled | naive re-poll | enabled/disabled "
@@ -294,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         "the ratio of the round medians of arms run back to back."
     )
     print(
-        "Requests in the enabled arm's watchdogs at the end of each row (the others wait "
-        "for their state to last half the shortest deadline): " + ", ".join(in_watchdog) + "."
+        "Requests in the enabled arm's watchdogs at the end of each row: "
+        + ", ".join(in_watchdog)
+        + "."
     )
     ratios = [
         max(med["enabled"] / med["disabled"], paired["enabled"])
@@ -304,10 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if ratios:
         worst = max(ratios)
-        verdict = "PASS" if worst <= 1.05 else "MISS"
+        target = 1.05 if args.watch_all else 1.03
+        verdict = "PASS" if worst <= target else "MISS"
         print(
-            f"\nTarget enabled/disabled <= 1.05 at N >= 1,000 (churn 2): worst {worst:.3f} "
-            f"({verdict})"
+            f"\nTarget enabled/disabled <= {target} at N >= 1,000 (churn 2"
+            f"{', progress window' if args.watch_all else ''}): worst {worst:.3f} ({verdict})"
         )
     os.unlink(config.name)
     return 0

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -117,10 +117,16 @@ class _Raw:
         self.text = text
 
 
+def did_you_mean(word: object, allowed: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of *allowed* to *word*, or ``""``
+    (shared with the adapters' config loaders)."""
+    close = difflib.get_close_matches(str(word), list(allowed), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _unknown_key(source: str, table: str, key: object, value: object, allowed: tuple[str, ...]):
     last = key[-1] if isinstance(key, tuple) else key
-    close = difflib.get_close_matches(str(last), allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    hint = did_you_mean(last, allowed)
     return _error(
         source, table, key, value, f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
     )

@@ -28,8 +28,8 @@ never installed):
   .venv's site-packages for everything else (torch, engines, tooling, the project).
 
 Both venvs get `_stallguard_dev.pth`, which puts tests/_stubs (triton and torchvision
-stand-ins) and tests/ (for `import sglang_support`) on sys.path and activates the
-triton stub, so spawned subprocesses see the same environment.
+stand-ins) and adapters/sglang/tests (for `import sglang_support`) on sys.path and
+activates the triton stub, so spawned subprocesses see the same environment.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ VENV0517 = ROOT / ".venv-sglang0517"
 CONSTRAINTS = TOOLS / "constraints.txt"
 CONSTRAINTS0517 = TOOLS / "constraints-sglang0517.txt"
 STUBS = ROOT / "tests" / "_stubs"
-TESTS = ROOT / "tests"
+TESTS = ROOT / "adapters" / "sglang" / "tests"  # sglang_support
 STAMP_NAME = ".stallguard-dev-stamps.json"
 # Bump to force every install step to run again (a step's key is this, the interpreter,
 # the constraints file and the step's own package list / pyproject.toml).
@@ -237,7 +237,7 @@ def pth_text() -> str:
     # idempotent: .venv-sglang0517 runs it twice (its own copy, and .venv's via the overlay).
     paths = (str(STUBS), str(TESTS))
     return (
-        "# Written by tools/dev.py: test-only stand-ins (tests/_stubs) and tests/ on sys.path.\n"
+        "# Written by tools/dev.py: test stand-ins (tests/_stubs) and sglang_support on sys.path.\n"
         f"import sys; sys.path.extend(p for p in {paths!r} if p not in sys.path); "
         "import _stallguard_stubs\n"
     )

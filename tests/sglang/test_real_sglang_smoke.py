@@ -1,5 +1,5 @@
-"""Smoke tests of tests/sglang_support: they drive the REAL SGLang prefill queues (no
-stallguard involved), so later adapter tests can trust the fixtures.
+"""Smoke tests of sglang_support (adapters/sglang/tests): they drive the REAL SGLang
+prefill queues (no stallguard involved), so later adapter tests can trust the fixtures.
 
 * in-process, sglang 0.5.23 (.venv): the inflight queue concludes Success / failed
   (`kv_mgr.conclude_failure` -> `handle_inflight_transfer_failure`) / aborted rooms and
@@ -13,8 +13,9 @@ stallguard involved), so later adapter tests can trust the fixtures.
 Skipped, with the reason, only when the environment built by `python3 tools/dev.py env`
 is absent.
 
-NB: tests/sglang/ must never get an __init__.py: with tests/ on sys.path it would become
-a regular package named `sglang` and shadow the real one.
+NB: tests/sglang/ must never get an __init__.py: with tests/ on sys.path (pytest puts it
+there for tests/*.py) it would become a regular package named `sglang` and shadow the
+real one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 try:
     import sglang_support as sgs
 except ImportError:  # not run from the venv that tools/dev.py built: find it anyway
-    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    sys.path.append(str(Path(__file__).resolve().parents[2] / "adapters" / "sglang" / "tests"))
     import sglang_support as sgs
 
 SKIP_0523 = sgs.skip_reason("0.5.23")

@@ -1,4 +1,4 @@
-"""The process helpers of tests/sglang_support fail fast instead of hanging.
+"""The process helpers of sglang_support (adapters/sglang/tests) fail fast instead of hanging.
 
 `run_ranks(..., setup=False)` and `run_in_python` do not import sglang, so these only
 need torch (they run wherever the .venv from `python3 tools/dev.py env` exists).
@@ -16,7 +16,7 @@ import pytest
 try:
     import sglang_support as sgs
 except ImportError:  # not run from the venv that tools/dev.py built: find it anyway
-    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    sys.path.append(str(Path(__file__).resolve().parents[2] / "adapters" / "sglang" / "tests"))
     import sglang_support as sgs
 
 pytestmark = pytest.mark.skipif(

@@ -4,7 +4,7 @@ gloo ranks are processes), as module-level functions for `sglang_support.run_in_
 and `run_ranks`. They return plain data for the tests to assert on.
 
 Real: SGLang's plugin loader and HookRegistry, the prefill queue code, NIXL / Mooncake
-senders over managers without transfer engines (tests/sglang_support), prometheus_client's
+senders over managers without transfer engines (sglang_support), prometheus_client's
 multiprocess collector, the OpenTelemetry SDK.
 """
 
@@ -95,7 +95,7 @@ def plugin_roundtrip(config_path: str) -> dict[str, Any]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from sglang.srt.plugins.hook_registry import HookRegistry
-    from stallguard_sglang._inflight import runtime
+    from stallguard_sglang._runtime import runtime
 
     from stallguard.testing import FakeClock
 
@@ -136,6 +136,19 @@ def plugin_roundtrip(config_path: str) -> dict[str, Any]:
 
     sgs.setup_context(0, 1)
     sched = sgs.FakeScheduler()
+    # SGLang's own scheduler metrics, as run_scheduler_process creates them with metrics
+    # on (SchedulerMetricsCollector.init_new builds these labels from the runtime context)
+    from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+
+    sglang_labels = {
+        "model_name": "test-model",
+        "engine_type": "prefill",
+        "tp_rank": 0,
+        "pp_rank": 0,
+        "moe_ep_rank": 0,
+    }
+    sched.metrics_collector = SchedulerMetricsCollector(labels=sglang_labels, server_args=None)
+    sched.metrics_collector.num_running_reqs.labels(**sglang_labels).set(2)
     nixl = _stuck(sgs, sched, "nixl", "nixl-stuck", TRANSFERRING)
     # SGLang's per-request trace context, as TraceReqContext holds it when tracing is on
     nixl.time_stats.trace_ctx.tracing_enable = True
@@ -157,7 +170,8 @@ def plugin_roundtrip(config_path: str) -> dict[str, Any]:
     metrics = [
         line
         for line in generate_latest(registry).decode().splitlines()
-        if "stallguard" in line and not line.startswith("#")
+        if ("stallguard" in line or line.startswith("sglang:num_running_reqs{"))
+        and not line.startswith("#")
     ]
     spans = [
         {

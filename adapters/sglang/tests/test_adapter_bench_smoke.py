@@ -8,16 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import sglang_support as sgs
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-try:
-    import sglang_support as sgs
-except ImportError:  # not run from the venv tools/dev.py built
-    sys.path.append(str(ROOT / "tests"))
-    import sglang_support as sgs
 
-SKIP = sgs.skip_reason("0.5.23")
+BENCH = ROOT / "benchmarks" / "bench_sglang_queue.py"
+SKIP = sgs.skip_reason("0.5.23") or (
+    None if BENCH.is_file() else f"{BENCH} is absent (not run from a repository checkout)"
+)
 pytestmark = [
     pytest.mark.sglang,
     pytest.mark.slow,
@@ -29,7 +28,7 @@ pytestmark = [
 def test_bench_sglang_queue_quick(extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_sglang_queue.py"), "--quick", *extra],
+        [sys.executable, str(BENCH), "--quick", *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -41,7 +40,6 @@ def test_bench_sglang_queue_quick(extra):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1] == "2"  # churn
     assert all(" us (" in c for c in cells[2:5])  # disabled, enabled, naive medians
-    # the script itself checks that the enabled arm guards every request (and, with
-    # --watch-all, that its watchdog tracks every one); it reports how many it tracks
-    expected = "50 of 50" if extra else "0 of 50"
-    assert "watchdogs at the end of each row" in proc.stdout and expected in proc.stdout
+    # the script itself checks that the enabled arm guards every request and that its
+    # watchdog tracks every one; it reports how many it tracks
+    assert "watchdogs at the end of each row" in proc.stdout and "50 of 50" in proc.stdout

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from packaging.specifiers import SpecifierSet
 from stallguard_sglang import (
     BACKENDS,
     PROFILES,
@@ -15,7 +18,7 @@ from stallguard_sglang import (
     parse_config,
     support_table,
 )
-from stallguard_sglang._inflight import (
+from stallguard_sglang._hooks import (
     BOOTSTRAP_TARGET,
     FAKE_ABORT_TARGET,
     FAKE_SEND_TARGET,
@@ -24,9 +27,11 @@ from stallguard_sglang._inflight import (
     hook_plan,
 )
 from stallguard_sglang.package import (
+    SUPPORTED_SGLANG,
     is_supported,
     nixl_has_bootstrap_timeout,
     parse_version,
+    supported_specifier,
 )
 
 from stallguard import ConfigError, Deadline
@@ -114,22 +119,31 @@ def test_toml_syntax_error_names_the_file(tmp_path):
         ),
         (
             "[prefill.deadlines]\nTransfering = 5\n",
-            "[prefill.deadlines] Transfering = 5: not a KVPoll state",
+            "[prefill.deadlines] Transfering = 5: not a KVPoll state that takes a deadline "
+            "(did you mean 'Transferring'?)",
         ),
         (
             "[prefill.deadlines]\nSuccess = 5\n",
             "[prefill.deadlines] Success = 5: Success is terminal",
         ),
         ('[prefill]\nmode = "strict"\n', '[prefill] mode = "strict": must be one of'),
-        ("[prefill]\ndeadline = 5\n", "[prefill] deadline = 5: unknown key"),
-        ("[prefil]\nmode = 1\n", "prefil = { mode = 1 }: unknown key"),
+        (
+            "[prefill]\ndeadline = 5\n",
+            "[prefill] deadline = 5: unknown key (did you mean 'deadlines'?)",
+        ),
+        ("[prefil]\nmode = 1\n", "prefil = { mode = 1 }: unknown key (did you mean 'prefill'?)"),
+        (
+            '[prefill]\nmode = "enforcing"\n',
+            'must be one of "enforce", "report", "off" (did you mean \'enforce\'?)',
+        ),
         (
             "[prefill.backends.nixI.deadlines]\nTransferring = 5\n",
-            "[prefill.backends] nixI = { deadlines = { Transferring = 5 } }: unknown transfer",
+            "[prefill.backends] nixI = { deadlines = { Transferring = 5 } }: unknown transfer "
+            "backend (did you mean 'nixl'?)",
         ),
         (
             "[prefill.deadlines]\nTransferring = { seconds = 5, stal = 1 }\n",
-            "Transferring.stal = 1: unknown key",
+            "Transferring.stal = 1: unknown key (did you mean 'stall'?)",
         ),
         ('[prefill.deadlines]\nTransferring = "5"\n', 'Transferring = "5": must be a positive'),
         ("[bootstrap_queue]\ndeadline = 0\n", "[bootstrap_queue] deadline = 0: must be a positive"),
@@ -222,8 +236,34 @@ def test_versions():
     assert not is_supported("0.6.0")
     assert not nixl_has_bootstrap_timeout("0.5.17")
     assert nixl_has_bootstrap_timeout("0.5.18") and nixl_has_bootstrap_timeout("0.5.23")
-    with pytest.raises(ValueError, match="not a version"):
+    with pytest.raises(ValueError, match="not a PEP 440 version number: 'main'"):
         parse_version("main")
+    with pytest.raises(ValueError, match="not a PEP 440 version number: 'garbage'"):
+        is_supported("garbage")
+
+
+def test_supported_range_follows_pep_440():
+    assert supported_specifier() == SpecifierSet(SUPPORTED_SGLANG)
+    assert not is_supported("0.5.17rc0")  # before 0.5.17 (a hand-made compare said yes)
+    assert not is_supported("0.5.17.dev1")
+    assert is_supported("0.5.18rc0") and is_supported("0.5.23.post1")
+    assert not is_supported("0.6.0rc0")  # "<0.6" excludes the pre-releases of 0.6
+
+
+@given(
+    release=st.tuples(st.integers(0, 1), st.integers(0, 7), st.integers(0, 30)),
+    pre=st.sampled_from(["", "rc0", "a1", "b2"]),
+    post=st.sampled_from(["", ".post1"]),
+    dev=st.sampled_from(["", ".dev3"]),
+)
+def test_is_supported_against_release_order(release, pre, post, dev):
+    version = ".".join(map(str, release)) + pre + post + dev
+    # reference: ">=0.5.17,<0.6" under PEP 440, spelled as tuple order: a pre-release of
+    # 0.5.17, or a dev release of it (not of its post release), comes before 0.5.17;
+    # every 0.6 pre-release is excluded
+    early = bool(pre) or (bool(dev) and not post)
+    expected = (0, 5, 17) <= release < (0, 6) and not (early and release == (0, 5, 17))
+    assert is_supported(version) is expected, version
 
 
 def test_support_table_per_version():
@@ -272,3 +312,19 @@ def test_deadline_values_are_finite():
     assert config.prefill.deadlines["Transferring"].seconds == 0.5
     with pytest.raises(ConfigError, match="Transferring = inf"):
         parse_config({"prefill": {"deadlines": {"Transferring": math.inf}}})
+
+
+def test_counter_labels_copy_sglangs_scheduler_labels():
+    from types import SimpleNamespace
+
+    from stallguard_sglang._metrics import LABELS, scheduler_labels
+
+    sglang_labels = {"model_name": "m", "engine_type": "prefill", "tp_rank": 3, "dp_rank": None}
+    sched = SimpleNamespace(metrics_collector=SimpleNamespace(labels=sglang_labels))
+    assert scheduler_labels(sched, tp_rank=7) == {
+        "model_name": "m",
+        "engine_type": "prefill",
+        "tp_rank": "3",  # SGLang's value wins: the two must join
+        "dp_rank": "",  # absent, not "None"
+    }
+    assert LABELS == ("queue", "backend", "state")

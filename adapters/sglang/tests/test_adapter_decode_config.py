@@ -69,7 +69,7 @@ def test_the_file_overrides_each_phase():
         (
             {"prealloc": {"Bootstraping": 5}},
             "[decode.prealloc] Bootstraping = 5: not a phase of the decode prealloc queue "
-            "(did you mean Bootstrapping?)",
+            "(did you mean 'Bootstrapping'?)",
         ),
         (
             {"transfer": {"Success": 5}},
@@ -146,5 +146,5 @@ def test_main_prints_the_decode_rows(monkeypatch, capsys):
     monkeypatch.delenv("STALLGUARD_SGLANG_CONFIG", raising=False)
     assert main(["--backend", "nixl"]) == 0
     out = capsys.readouterr().out
-    assert "decode queues (every backend):" in out
+    assert "decode queues (every backend" in out
     assert "WaitingForPrefill" in out and "prefill_complete" in out

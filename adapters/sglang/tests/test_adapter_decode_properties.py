@@ -21,21 +21,14 @@ test_adapter_decode.py.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import sglang_support as sgs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-try:
-    import sglang_support as sgs
-except ImportError:  # not run from the venv tools/dev.py built
-    sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
-    import sglang_support as sgs
 
 SKIP = sgs.skip_reason("0.5.23")
 pytestmark = [pytest.mark.sglang, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]

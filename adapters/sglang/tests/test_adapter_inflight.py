@@ -3,7 +3,7 @@
 Real: `SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue` and its
 failure paths, `NixlKVSender` / `MooncakeKVSender` / `FakeKVSender`, the managers'
 `update_status` / `conclude_failure` plumbing, the poll all-reduce over a gloo group of
-one. Faked (tests/sglang_support, each fake says why): the managers' transfer engines
+one. Faked (sglang_support, next to this file; each fake says why): the managers' transfer engines
 (built with `object.__new__`), the scheduler's KV pools and output streamer.
 
 The adapter is installed with `stallguard_sglang.testing.installed` (which wraps the same
@@ -15,20 +15,13 @@ is tested in test_adapter_plugin.py. Time is a FakeClock: nothing sleeps.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
-from pathlib import Path
 
 import pytest
+import sglang_support as sgs
 from stallguard_sglang.testing import installed
 
 from stallguard.testing import FakeClock, record_expiries
-
-try:
-    import sglang_support as sgs
-except ImportError:  # not run from the venv tools/dev.py built
-    sys.path.append(str(Path(__file__).resolve().parents[3] / "tests"))
-    import sglang_support as sgs
 
 SKIP = sgs.skip_reason("0.5.23")
 pytestmark = [pytest.mark.sglang, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
@@ -65,13 +58,21 @@ def request(sched, backend, rid, state, *, pending=False, mgr=None):
 
 
 def forced_count(backend, state, queue="inflight"):
+    """The forced-failures counter's sample for these labels and tp_rank 0, whatever
+    else SGLang's scheduler labels hold (model_name, engine_type, ...)."""
     from prometheus_client import REGISTRY
 
-    value = REGISTRY.get_sample_value(
-        "sglang:stallguard_forced_failures_total",
-        {"queue": queue, "backend": backend, "state": state, "tp_rank": "0"},
-    )
-    return value or 0.0
+    total = 0.0
+    for metric in REGISTRY.collect():
+        for sample in metric.samples:
+            labels = sample.labels
+            if (
+                sample.name == "sglang:stallguard_forced_failures_total"
+                and (labels["queue"], labels["backend"], labels["state"]) == (queue, backend, state)
+                and labels["tp_rank"] == "0"
+            ):
+                total += sample.value
+    return total
 
 
 def guard_of(sched):
@@ -126,10 +127,13 @@ def test_stuck_sender_failed_at_first_iteration_past_its_deadline(backend, state
     assert [(str(e.key), e.state_label, e.deadline) for e in expiries] == [
         ("stuck", state, deadline)
     ]
-    attributes = expiries[0].attributes
-    assert attributes["sglang.rid"] == "stuck" and attributes["sglang.backend"] == backend
-    assert attributes["sglang.bootstrap_room"] == stuck.bootstrap_room
-    assert attributes["sglang.tp_rank"] == 0
+    assert expiries[0].attributes == {
+        "stallguard.sglang.rid": "stuck",
+        "stallguard.sglang.bootstrap_room": stuck.bootstrap_room,
+        "stallguard.sglang.backend": backend,
+        "stallguard.sglang.tp_rank": 0,
+        "stallguard.sglang.queue": "inflight",
+    }
     assert forced_count(backend, state) == before + 1
     # SGLang's own failure path ran: KV released, abort streamed, watchdog empty
     assert "stuck" in sched.released
@@ -220,7 +224,7 @@ def test_fake_sender_of_a_warmup_request():
     assert sched.conclusions["b"].outcome == "success"
     assert sched.conclusions["a"].outcome == "transfer_failed"  # via its conclude_state
     assert [(str(e.key), e.state_label) for e in expiries] == [("a", "WaitingForInput")]
-    assert expiries[0].attributes["sglang.backend"] == "fake"
+    assert expiries[0].attributes["stallguard.sglang.backend"] == "fake"
 
 
 def test_report_mode_fails_nothing():
@@ -271,14 +275,17 @@ def test_explicitly_unbounded_state_is_never_failed():
 
 
 def tracked(sched):
-    """The requests the guard holds (the watchdog sees them once their state has lasted
-    half the shortest deadline: see test_requests_are_watched_once_their_state_...)."""
+    """The requests the guard holds."""
     return {str(entry) for entry in guard_of(sched).entries.values()}
 
 
 def watched(sched):
-    """The requests the watchdogs track."""
-    return {str(r.key) for wd in guard_of(sched).watchdogs.values() for r in wd.snapshot().requests}
+    """The requests the watchdogs track, with their state and its start."""
+    return {
+        (str(r.key), r.state, r.entered_at)
+        for wd in guard_of(sched).watchdogs.values()
+        for r in wd.snapshot().requests
+    }
 
 
 def test_steady_state_enrolls_the_tail_without_rescanning():
@@ -326,9 +333,11 @@ def test_every_request_in_the_queue_is_guarded_however_it_got_there():
     assert sorted(str(e.key) for e in expiries) == ["front", "new-list", "r0", "r2"]
 
 
-def test_requests_are_watched_once_their_state_has_lasted_half_the_shortest_deadline():
-    # DEADLINES' shortest is 10 s: nothing can be due within 5 s of a state's start, so
-    # the watchdog sees a request only then, with the state's real start
+def test_a_state_change_restarts_the_clock_at_the_change_and_never_fails_early():
+    # (replaces a test of the old adapter's internal handover schedule: what users see is
+    # that every queued request is watched in its current state from its real start, a
+    # new state's deadline counts from the update_status that entered it, and a request
+    # that completes first is never failed)
     with guarded() as (clock, expiries):
         sched = sgs.FakeScheduler()
         mgr = sgs.make_manager("nixl")
@@ -336,28 +345,18 @@ def test_requests_are_watched_once_their_state_has_lasted_half_the_shortest_dead
         quick = request(sched, "nixl", "quick", WFI, mgr=mgr)
         sched.prefill(req, quick)
         sched.step()
-        wd = guard_of(sched).watchdogs["nixl"]
+        assert watched(sched) == {("r", "WaitingForInput", T0), ("quick", "WaitingForInput", T0)}
         clock.set(T0 + 4.999)
-        sgs.set_status(quick.disagg_kv_sender, SUCCESS)  # done before its handover
+        sgs.set_status(quick.disagg_kv_sender, SUCCESS)
         sched.step()
-        assert sched.inflight_rids() == ["r"] and watched(sched) == set() and len(wd) == 0
-        clock.set(T0 + 5)
-        sched.step()
-        [row] = wd.snapshot().requests
-        assert (str(row.key), row.state, row.entered_at) == ("r", "WaitingForInput", T0)
-        # a state change takes it off the watchdog until the new state has lasted 5 s
+        assert sched.inflight_rids() == ["r"]
+        assert watched(sched) == {("r", "WaitingForInput", T0)}
         clock.set(T0 + 6)
-        sgs.set_status(req.disagg_kv_sender, TRANSFERRING)
+        sgs.set_status(req.disagg_kv_sender, TRANSFERRING)  # WaitingForInput ends 4 s early
         clock.set(T0 + 7)
         sched.step()
-        assert watched(sched) == set() and tracked(sched) == {"r"}
-        clock.set(T0 + 6 + 4.999)
-        sched.step()
-        assert watched(sched) == set()
-        clock.set(T0 + 6 + 5)
-        sched.step()
-        [row] = wd.snapshot().requests
-        assert (row.state, row.entered_at) == ("Transferring", T0 + 6)
+        assert watched(sched) == {("r", "Transferring", T0 + 6)}
+        step_each_second_until(sched, clock, T0 + 6 + DEADLINES["Transferring"], "r")
         clock.set(T0 + 6 + DEADLINES["Transferring"] - 0.001)
         sched.step()
         assert sched.inflight_rids() == ["r"]
@@ -367,7 +366,7 @@ def test_requests_are_watched_once_their_state_has_lasted_half_the_shortest_dead
     assert [(str(e.key), e.state_label, e.entered_at) for e in expiries] == [
         ("r", "Transferring", T0 + 6)
     ]
-    assert expiries[0].attributes["sglang.rid"] == "r"  # annotated at the (second) handover
+    assert expiries[0].attributes["stallguard.sglang.rid"] == "r"
     assert sched.conclusions["quick"].outcome == "success"
 
 
@@ -388,22 +387,28 @@ def test_a_state_clock_starts_when_update_status_ran_not_at_the_next_iteration()
     assert [(e.state_label, e.entered_at) for e in expiries] == [("Transferring", T0 + 1)]
 
 
-def test_pending_handovers_of_requests_that_left_do_not_pile_up():
-    from stallguard_sglang._inflight import _SLACK
-
+def test_short_lived_requests_leave_nothing_behind():
+    # (replaces a bound on the old adapter's internal handover FIFO: what users see is
+    # that many requests passing through leave no state in the adapter or its watchdog)
     with guarded() as (_clock, expiries):
         sched = sgs.FakeScheduler()
         mgr = sgs.make_manager("nixl")
-        for i in range(3 * _SLACK):  # short-lived requests, never due for a handover
+        for i in range(300):
             req = request(sched, "nixl", f"r{i}", WFI, mgr=mgr)
             sched.prefill(req)
             sched.step()
+            if i % 3:
+                sgs.set_status(req.disagg_kv_sender, TRANSFERRING)
             sgs.set_status(req.disagg_kv_sender, SUCCESS)
             sched.step()
-        [lane] = guard_of(sched).checks
-        assert sched.inflight_rids() == [] and len(lane.pending) <= _SLACK + 1
+        guard = guard_of(sched)
+        [wd] = guard.watchdogs.values()
+        assert sched.inflight_rids() == [] and guard.entries == {}
+        assert len(wd) == 0 and watched(sched) == set()
         assert mgr._stallguard_rooms == {}
+        assert all(not lane.events for lane in guard.checks)
     assert expiries == []
+    assert len(sched.conclusions) == 300
 
 
 def test_requests_that_left_are_forgotten_everywhere():
@@ -454,11 +459,12 @@ def test_concurrent_updates_from_transfer_threads_lose_nothing():
         sched.step()
         guard = guard_of(sched)
         entries = [guard.entries[id(r)] for r in reqs]
-        assert {(e.state, e.since) for e in entries} == {(TRANSFERRING, T0)}
-        clock.advance(DEADLINES["Transferring"] - 0.5)  # Transferring entered at T0, not later
+        assert {e.state for e in entries} == {TRANSFERRING}
+        # Transferring entered at T0 (the FakeClock never moved), and no state went back
+        assert {row[1:] for row in watched(sched)} == {("Transferring", T0)}
+        assert len(watched(sched)) == 400
+        clock.advance(DEADLINES["Transferring"] - 0.5)
         sched.step()
-        wd = guard.watchdogs["nixl"]
-        assert {wd.state_of(e) for e in entries} == {"Transferring"}  # handed over
         assert len(sched.inflight_rids()) == 400
         clock.advance(1)
         sched.step()

@@ -17,13 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import sglang_support as sgs
+from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
-try:
-    import sglang_support as sgs
-except ImportError:  # not run from the venv tools/dev.py built
-    sys.path.append(str(HERE.parents[2] / "tests"))
-    import sglang_support as sgs
 
 SKIP = sgs.skip_reason("0.5.23")
 pytestmark = [
@@ -99,30 +96,58 @@ def test_load_plugins_with_and_without_config(config_path, tmp_path):
     assert "spent 30.0s in KVPoll.WaitingForInput" in conclusions["mooncake-stuck"][2]
 
     # the span: a child of SGLang's request trace, with the request's identity
-    spans = {s["attributes"]["sglang.rid"]: s for s in out["spans"]}
+    spans = {s["attributes"]["stallguard.sglang.rid"]: s for s in out["spans"]}
     assert set(spans) == {"nixl-stuck", "mooncake-stuck"}
     nixl = spans["nixl-stuck"]
     assert nixl["name"] == "stallguard.forced_failure" and nixl["status"] == "ERROR"
     assert nixl["parent"] == out["parent_span_id"] and nixl["trace_id"] == out["parent_trace_id"]
-    assert nixl["attributes"]["sglang.backend"] == "nixl"
-    assert nixl["attributes"]["sglang.tp_rank"] == 0
-    assert isinstance(nixl["attributes"]["sglang.bootstrap_room"], int)
+    assert nixl["attributes"]["stallguard.sglang.backend"] == "nixl"
+    assert nixl["attributes"]["stallguard.sglang.tp_rank"] == 0
+    assert nixl["attributes"]["stallguard.sglang.queue"] == "inflight"
+    assert isinstance(nixl["attributes"]["stallguard.sglang.bootstrap_room"], int)
+    assert not any(k.startswith("sglang.") for k in nixl["attributes"])  # old names gone
     assert nixl["attributes"]["stallguard.state"] == "Transferring"
     assert nixl["attributes"]["stallguard.deadline_s"] == 20.0
     assert spans["mooncake-stuck"]["parent"] is None  # no SGLang trace: a root span
 
     # the counter, as SGLang's /metrics reads it (MultiProcessCollector)
     assert out["multiprocess_value"] != "MutexValue"
-    assert (
-        'sglang:stallguard_forced_failures_total{backend="nixl",queue="inflight",'
-        'state="Transferring",tp_rank="0"} 1.0'
-    ) in out["metrics"]
-    assert (
-        'sglang:stallguard_forced_failures_total{backend="mooncake",queue="inflight",'
-        'state="WaitingForInput",tp_rank="0"} 1.0'
-    ) in out["metrics"]
+    samples = forced_samples("\n".join(out["metrics"]) + "\n")
+    # labelled like SGLang's own scheduler metrics (SchedulerMetricsCollector's labels:
+    # model_name, engine_type, tp_rank, pp_rank, moe_ep_rank), with the same values, so
+    # that the two join
+    [running] = [
+        dict(s.labels)
+        for family in text_string_to_metric_families("\n".join(out["metrics"]) + "\n")
+        for s in family.samples
+        if s.name == "sglang:num_running_reqs"
+    ]
+    assert running == {
+        "model_name": "test-model",
+        "engine_type": "prefill",
+        "tp_rank": "0",
+        "pp_rank": "0",
+        "moe_ep_rank": "0",
+    }
+    assert samples == {
+        ("nixl", "Transferring"): ({"queue": "inflight", **running}, 1.0),
+        ("mooncake", "WaitingForInput"): ({"queue": "inflight", **running}, 1.0),
+    }
     # the startup table was logged once
     assert out["logs"].count("stallguard-sglang: deadlines (config") == 1
+
+
+def forced_samples(text):
+    """(backend, state) -> (the other labels, value) of the forced-failures counter in
+    a /metrics scrape."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "sglang:stallguard_forced_failures_total":
+                labels = dict(sample.labels)
+                key = (labels.pop("backend"), labels.pop("state"))
+                out[key] = (labels, sample.value)
+    return out
 
 
 def test_bad_config_stops_the_scheduler_process(tmp_path):

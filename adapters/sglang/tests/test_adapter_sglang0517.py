@@ -6,17 +6,12 @@ transfer is failed through 0.5.17's `record_failure` + `update_status(Failed)`."
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
+import sglang_support as sgs
 
 HERE = Path(__file__).resolve().parent
-try:
-    import sglang_support as sgs
-except ImportError:  # not run from the venv tools/dev.py built
-    sys.path.append(str(HERE.parents[2] / "tests"))
-    import sglang_support as sgs
 
 SKIP = sgs.sglang0517_skip_reason()
 pytestmark = [

@@ -13,12 +13,44 @@ Importing this package is cheap: nothing here imports SGLang.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+# (not typing.TYPE_CHECKING: the .pth activation imports this package at interpreter
+# start-up, and importing typing costs milliseconds)
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the lazy exports below, with their static types
     from collections.abc import Callable
+    from typing import Any
 
     from stallguard import Watchdog
+
+    from ._config import (
+        BACKENDS,
+        ENV_CONFIG,
+        ENV_ENABLE,
+        BootstrapQueueConfig,
+        Config,
+        PrefillConfig,
+        load_config,
+        parse_config,
+    )
+    from ._metrics import FORCED_FAILURES, STALLS_REPORTED
+    from ._profiles import (
+        PROFILES,
+        BackendProfile,
+        SupportRow,
+        effective_deadlines,
+        format_support_table,
+        sglang_settings,
+        support_table,
+    )
+    from .package import (
+        SUPPORTED_SGLANG,
+        TESTED_SGLANG,
+        is_supported,
+        sglang_version,
+        supported_specifier,
+    )
+    from .plugin import install, register
 
 __all__ = [
     "BACKENDS",
@@ -49,6 +81,7 @@ __all__ = [
     "sglang_settings",
     "sglang_version",
     "support_table",
+    "supported_specifier",
     "watchdogs",
 ]
 
@@ -78,6 +111,7 @@ _LAZY = {
     "TESTED_SGLANG": ".package",
     "is_supported": ".package",
     "sglang_version": ".package",
+    "supported_specifier": ".package",
     "install": ".plugin",
     "register": ".plugin",
 }
@@ -109,7 +143,7 @@ def watchdogs() -> dict[tuple[str, str], list[Watchdog[Any]]]:
     one per queue and backend seen, so a prefill scheduler process normally has two
     (its backend, and ``fake`` for warmup), a decode one one per decode queue.
     Empty until the adapter is installed and a queue held requests."""
-    from ._inflight import runtime
+    from ._runtime import runtime
 
     rt = runtime()
     out: dict[tuple[str, str], list[Watchdog[Any]]] = {}
@@ -129,7 +163,7 @@ def set_clock(clock: Callable[[], float]) -> None:
     Raises:
         RuntimeError: if the adapter is not installed in this process.
     """
-    from ._inflight import runtime
+    from ._runtime import runtime
 
     rt = runtime()
     if rt is None:

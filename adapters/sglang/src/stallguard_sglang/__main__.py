@@ -1,22 +1,100 @@
-"""``python -m stallguard_sglang``: validate the configuration the environment names and
-print the support tables, prefill and decode (what SGLang bounds on its own, what
-stallguard enforces), without
-starting SGLang. Exit status 2 on a bad configuration, 1 if the adapter is disabled."""
+"""``python -m stallguard_sglang``: validate the adapter's configuration and print the
+support tables, prefill and decode (what SGLang bounds on its own, what stallguard
+enforces), without starting SGLang.
+
+The configuration is the file ``--config`` names, else what the environment asks for
+(``STALLGUARD_SGLANG_CONFIG`` / ``STALLGUARD_SGLANG``). Exit status:
+
+* 0: the configuration is valid and the installed SGLang is supported;
+* 1: the adapter is disabled (no ``--config``, and neither variable enables it);
+* 2: bad input: an invalid configuration, or bad arguments (a one-line message);
+* 3: SGLang is not installed here and ``--sglang-version`` does not name a release (the
+  table is still printed);
+* 4: the SGLang release (installed, or given with ``--sglang-version``) is outside the
+  supported range.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from stallguard import ConfigError
 
 from ._config import BACKENDS, ENV_CONFIG, ENV_ENABLE, load_config
 from ._profiles import decode_support_table, format_support_table, support_table
-from .package import SUPPORTED_SGLANG, is_supported, sglang_version
+from .package import SUPPORTED_SGLANG, is_supported, parse_version, sglang_version
+
+__all__ = [
+    "EXIT_DISABLED",
+    "EXIT_OK",
+    "EXIT_SGLANG_MISSING",
+    "EXIT_UNSUPPORTED",
+    "EXIT_USAGE",
+    "main",
+]
+
+EXIT_OK = 0
+EXIT_DISABLED = 1
+EXIT_USAGE = 2  # also argparse's own status for bad arguments
+EXIT_SGLANG_MISSING = 3
+EXIT_UNSUPPORTED = 4
+
+
+def _version_arg(text: str) -> str:
+    try:
+        parse_version(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a PEP 440 version number (e.g. 0.5.23)"
+        ) from None
+    return text
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"stallguard-sglang {of('stallguard-sglang')} (stallguard {of('stallguard')}; "
+        f"SGLang {of('sglang')}, supported {SUPPORTED_SGLANG})"
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line on stderr (no usage dump), exit status 2."""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(_versions())
+        parser.exit(EXIT_OK)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stallguard_sglang", description=__doc__)
+    """Run the command line; returns the exit status (see the module docstring)."""
+    parser = _Parser(
+        prog="python -m stallguard_sglang",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog="exit status: 0 valid and supported, 1 disabled, 2 bad configuration or "
+        "arguments, 3 SGLang not installed, 4 SGLang outside the supported range",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"validate this TOML file (default: what {ENV_CONFIG} / {ENV_ENABLE} ask for)",
+    )
     parser.add_argument(
         "--backend",
         action="append",
@@ -24,27 +102,45 @@ def main(argv: list[str] | None = None) -> int:
         help="only these backends (repeatable; default: all)",
     )
     parser.add_argument(
-        "--sglang-version", help="assume this SGLang release (default: the installed one)"
+        "--sglang-version",
+        type=_version_arg,
+        help="assume this SGLang release (default: the installed one)",
     )
+    parser.add_argument("--version", action=_VersionAction)
     args = parser.parse_args(argv)
     try:
-        config = load_config()
+        config = load_config({ENV_CONFIG: args.config} if args.config is not None else None)
     except ConfigError as e:
         print(f"stallguard-sglang: invalid configuration: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if config is None:
         print(f"stallguard-sglang is disabled: set {ENV_CONFIG}=<file.toml> or {ENV_ENABLE}=1")
-        return 1
-    version = args.sglang_version or sglang_version()
+        return EXIT_DISABLED
+    installed = sglang_version()
+    version = args.sglang_version or installed
+    try:
+        supported = version is not None and is_supported(version)
+    except ValueError:  # an installed SGLang whose version is not PEP 440
+        supported = False
     print(f"config: {config.source}")
-    support = "supported" if version and is_supported(version) else "NOT supported"
+    support = "supported" if supported else "NOT supported"
     print(f"SGLang: {version or 'not installed'} ({support}; supported {SUPPORTED_SGLANG})")
-    rows = support_table(config, args.backend or BACKENDS, version=version)
+    rows = support_table(config, args.backend or list(BACKENDS), version=version)
     print(format_support_table(rows, version=version))
     print()
-    print("decode queues (every backend):")
-    print(format_support_table(decode_support_table(config), version="0.5.23", second="policy"))
-    return 0
+    print("decode queues (every backend; phases as in SGLang 0.5.23):")
+    print(format_support_table(decode_support_table(config), version=version, second="policy"))
+    if version is None:
+        print("stallguard-sglang: SGLang is not installed here", file=sys.stderr)
+        return EXIT_SGLANG_MISSING
+    if not supported:
+        print(
+            f"stallguard-sglang: SGLang {version} is outside the supported range "
+            f"{SUPPORTED_SGLANG}",
+            file=sys.stderr,
+        )
+        return EXIT_UNSUPPORTED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ dotted key and the bad value, and says what would be accepted.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import sys
@@ -16,6 +15,9 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from stallguard import ConfigError, Deadline, parse_deadlines
+from stallguard._config import did_you_mean
+
+from ._kvpoll import LIVE_STATES, TERMINAL_STATES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,9 +44,6 @@ ENV_CONFIG = "STALLGUARD_SGLANG_CONFIG"
 #: :data:`ENV_CONFIG` is set (a kill switch for operators).
 ENV_ENABLE = "STALLGUARD_SGLANG"
 
-#: The non-terminal ``KVPoll`` states, the ones that take a deadline.
-LIVE_STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
-_TERMINAL = ("Success", "Failed")
 #: The non-terminal phases of a decode request that take a deadline, per decode queue
 #: (``DecodePreallocQueue``, ``DecodeTransferQueue``); see docs/sglang.md.
 DECODE_PHASES: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -246,8 +245,9 @@ def _error(source: str, table: str, key: str, value: Any, problem: str) -> Confi
 def _only(table: Mapping[str, Any], allowed: tuple[str, ...], where: str, source: str) -> None:
     for key, value in table.items():
         if key not in allowed:
+            hint = did_you_mean(key, allowed)
             raise _error(
-                source, where, key, value, f"unknown key; allowed keys: {', '.join(allowed)}"
+                source, where, key, value, f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
             )
 
 
@@ -262,8 +262,9 @@ def _table(parent: Mapping[str, Any], key: str, source: str, where: str = "") ->
 def _mode(table: Mapping[str, Any], where: str, allowed: tuple[str, ...], source: str) -> Any:
     value = table.get("mode", allowed[0])
     if value not in allowed:
+        hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
         raise _error(
-            source, where, "mode", value, f"must be one of {', '.join(map(_fmt, allowed))}"
+            source, where, "mode", value, f"must be one of {', '.join(map(_fmt, allowed))}{hint}"
         )
     return value
 
@@ -276,8 +277,8 @@ def _deadlines(table: Mapping[str, Any], where: str, source: str) -> Mapping[str
         if state not in LIVE_STATES:
             hint = (
                 f"{state} is terminal and takes no deadline"
-                if state in _TERMINAL
-                else "not a KVPoll state that takes a deadline"
+                if state in TERMINAL_STATES
+                else "not a KVPoll state that takes a deadline" + did_you_mean(state, LIVE_STATES)
             )
             raise _error(
                 source,
@@ -306,7 +307,8 @@ def _prefill(table: Mapping[str, Any], source: str) -> PrefillConfig:
                 "prefill.backends",
                 name,
                 sub,
-                f"unknown transfer backend; known: {', '.join(BACKENDS)}",
+                f"unknown transfer backend{did_you_mean(name, BACKENDS)}; known: "
+                + ", ".join(BACKENDS),
             )
         if not isinstance(sub, Mapping):
             raise _error(
@@ -352,13 +354,10 @@ def _decode(table: Mapping[str, Any], source: str) -> DecodeConfig:
         for phase, value in sub.items():
             if phase in phases:
                 continue
-            if phase in _TERMINAL:
+            if phase in TERMINAL_STATES:
                 hint = f"{phase} is terminal and takes no deadline"
             else:
-                hint = f"not a phase of the decode {queue} queue"
-                close = difflib.get_close_matches(str(phase), phases, n=1)
-                if close:
-                    hint += f" (did you mean {close[0]}?)"
+                hint = f"not a phase of the decode {queue} queue{did_you_mean(phase, phases)}"
             raise _error(source, where, phase, value, f"{hint}; phases: {', '.join(phases)}")
         parsed = parse_deadlines(sub, source=source, prefix=where)
         queues[queue] = _frozen({str(phase): deadline for phase, deadline in parsed.items()})

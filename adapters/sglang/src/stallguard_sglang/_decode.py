@@ -42,8 +42,10 @@ from stallguard import Expiry, Spec, Watchdog
 
 from . import _metrics
 from ._config import DECODE_PHASES, Config
-from ._inflight import Runtime, _report_error, _tp_rank, _trace_parent, runtime
+from ._guard import _attributes, _trace_parent
+from ._hooks import Site, _tp_rank, around_queue
 from ._profiles import decode_deadlines, decode_support_table, format_support_table
+from ._runtime import Runtime, report_error, runtime
 
 __all__ = [
     "PREALLOC_TARGET",
@@ -141,11 +143,19 @@ class _Entry:
 class _DecodeGuard:
     """Guards one decode queue list: its watchdog, its entries, their phases."""
 
-    def __init__(self, rt: Runtime, kind: str, tp_rank: int | None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        kind: str,
+        tp_rank: int | None,
+        metric_labels: dict[str, str] | None = None,
+    ) -> None:
         config = rt.config
         self.rt = rt
         self.kind = kind  # "prealloc" | "transfer"
         self.tp_rank = tp_rank
+        #: SGLang's own scheduler metric labels (model_name, tp_rank, ...), for joins
+        self.metric_labels: dict[str, str] = metric_labels or {}
         self.phase_of: Callable[[Any, int | None], str] = (
             _prealloc_phase if kind == "prealloc" else _transfer_phase
         )
@@ -274,13 +284,13 @@ class _DecodeGuard:
             # (read after the entry is reachable from the hooks: a change this read
             # misses is observed by the hook)
             self.refresh(entry, now)
-            attributes = {
-                "sglang.rid": str(entry.rid),
-                "sglang.bootstrap_room": entry.room,
-                "sglang.backend": backend,
-                "sglang.tp_rank": -1 if self.tp_rank is None else self.tp_rank,
-                "sglang.queue": self.kind,
-            }
+            attributes = _attributes(
+                rid=str(entry.rid),
+                bootstrap_room=entry.room,
+                backend=backend,
+                tp_rank=self.tp_rank,
+                queue=self.kind,
+            )
             self.wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(dreq.req))
 
     def _leave(self, entry: _Entry) -> None:
@@ -315,7 +325,7 @@ class _DecodeGuard:
         )
         entry.forced = reason
         fail_receiver(entry.receiver, reason)
-        _metrics.count("forced", self.kind, entry.backend, expiry.state_label, self.tp_rank)
+        _metrics.count("forced", self.kind, entry.backend, expiry.state_label, self.metric_labels)
 
 
 def fail_receiver(receiver: Any, reason: str) -> None:
@@ -340,6 +350,8 @@ def fail_receiver(receiver: Any, reason: str) -> None:
 
 
 def _guard(queue_obj: Any, kind: str) -> _DecodeGuard | None:
+    """*queue_obj*'s guard, created at its first call; None when the decode side is off
+    (or the adapter not installed)."""
     guard: _DecodeGuard | None = getattr(queue_obj, _GUARD, None)
     if guard is not None:
         return guard
@@ -348,12 +360,14 @@ def _guard(queue_obj: Any, kind: str) -> _DecodeGuard | None:
         return None
     try:
         _log_table(rt)
-        _metrics.prepare()
-        guard = _DecodeGuard(rt, kind, _tp_rank(getattr(queue_obj, "scheduler", None)))
+        sched = getattr(queue_obj, "scheduler", None)
+        tp_rank = _tp_rank(sched)
+        labels = _metrics.prepare(_metrics.scheduler_labels(sched, tp_rank))
+        guard = _DecodeGuard(rt, kind, tp_rank, labels)
         setattr(queue_obj, _GUARD, guard)
         return guard
     except Exception:
-        _report_error(f"setting up the decode {kind} queue guard")
+        report_error(f"setting up the decode {kind} queue guard")
         return None
 
 
@@ -370,39 +384,42 @@ def _log_table(rt: Runtime) -> None:
     )
 
 
-def _around(kind: str, original: Callable[..., Any], queue_obj: Any, args: Any, kwargs: Any) -> Any:
-    guard = _guard(queue_obj, kind)
-    if guard is None:
-        return original(queue_obj, *args, **kwargs)
-    queue = queue_obj.queue
-    if not queue and not guard.entries:
-        return original(queue_obj, *args, **kwargs)
-    try:
-        guard.before(queue)
-    except Exception:
-        _report_error(f"decode {kind} queue (before)")
-    n = len(queue)
-    result = original(queue_obj, *args, **kwargs)
-    try:
-        if kind == "prealloc":
-            parts = result if isinstance(result, tuple) else ()
-            left = [dreq.req for part in parts for dreq in part]
-        else:
-            left = list(result)
-        guard.after(queue_obj.queue, n, left)
-    except Exception:
-        _report_error(f"decode {kind} queue (after)")
-    return result
+def _preallocated(result: Any) -> list[Any]:
+    # pop_preallocated returns (preallocated, failed) DecodeRequests; guards key by Req
+    parts = result if isinstance(result, tuple) else ()
+    return [dreq.req for part in parts for dreq in part]
+
+
+PREALLOC = Site(
+    kind="prealloc",
+    method="pop_preallocated",
+    guard_attr=_GUARD,
+    queue_attr="queue",
+    scheduler=lambda q: getattr(q, "scheduler", None),
+    left=_preallocated,
+)
+TRANSFER = Site(
+    kind="transfer",
+    method="pop_transferred",
+    guard_attr=_GUARD,
+    queue_attr="queue",
+    scheduler=lambda q: getattr(q, "scheduler", None),
+    left=list,  # the Reqs whose KV arrived (failed ones leave silently: a rescan)
+)
 
 
 def prealloc_around(original: Callable[..., Any], q: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook of ``DecodePreallocQueue.pop_preallocated``."""
-    return _around("prealloc", original, q, args, kwargs)
+    if _guard(q, "prealloc") is None:
+        return original(q, *args, **kwargs)
+    return around_queue(PREALLOC, original, q, *args, **kwargs)
 
 
 def transfer_around(original: Callable[..., Any], q: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook of ``DecodeTransferQueue.pop_transferred``."""
-    return _around("transfer", original, q, args, kwargs)
+    if _guard(q, "transfer") is None:
+        return original(q, *args, **kwargs)
+    return around_queue(TRANSFER, original, q, *args, **kwargs)
 
 
 def update_status_after(

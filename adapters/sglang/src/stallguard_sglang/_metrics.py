@@ -11,15 +11,25 @@ would silently drop SGLang's own tokenizer metrics from ``/metrics``.
 
 Without metrics enabled (no ``PROMETHEUS_MULTIPROC_DIR``) the counters live in the
 process's default registry, unseen and harmless.
+
+Labels: ``queue``, ``backend`` and ``state`` (the adapter's own), then the labels SGLang's
+own scheduler metrics carry in that process (``SchedulerMetricsCollector``'s ``labels``:
+``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``, and
+``dp_rank`` / ``priority`` / ``--extra-metric-labels`` when SGLang adds them), with the
+same values, so the counters join with ``sglang:num_running_reqs`` and the others.
+Without SGLang's collector (metrics off) they are derived from SGLang's runtime context as
+SGLang derives them; a value that cannot be found is the empty string, which Prometheus
+treats as an absent label.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FORCED_FAILURES", "LABELS", "STALLS_REPORTED", "count"]
+__all__ = ["FORCED_FAILURES", "LABELS", "STALLS_REPORTED", "count", "prepare", "scheduler_labels"]
 
 log = logging.getLogger("stallguard.sglang")
 
@@ -27,16 +37,18 @@ log = logging.getLogger("stallguard.sglang")
 FORCED_FAILURES = "sglang:stallguard_forced_failures"
 #: Requests stallguard found overdue in report mode (nothing failed).
 STALLS_REPORTED = "sglang:stallguard_stalls_reported"
-#: Label names of both counters.
-LABELS = ("queue", "backend", "state", "tp_rank")
+#: The adapter's own label names (first); SGLang's scheduler labels follow.
+LABELS = ("queue", "backend", "state")
 
 _lock = threading.Lock()
 _counters: dict[str, Any] | None = None
 _failed = False
+#: SGLang's label names the counters were created with (fixed at creation)
+_sglang_names: tuple[str, ...] = ()
 
 
-def _create() -> dict[str, Any] | None:
-    global _counters, _failed
+def _create(sglang_names: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    global _counters, _failed, _sglang_names
     with _lock:
         if _counters is not None or _failed:
             return _counters
@@ -45,39 +57,100 @@ def _create() -> dict[str, Any] | None:
         except ImportError:  # SGLang depends on it; a bare test environment may not
             _failed = True
             return None
+        names = LABELS + sglang_names
         try:
             _counters = {
                 "forced": Counter(
                     FORCED_FAILURES,
                     "Prefill KV-sender requests stallguard failed for overstaying a "
                     "per-state deadline.",
-                    labelnames=LABELS,
+                    labelnames=names,
                 ),
                 "reported": Counter(
                     STALLS_REPORTED,
                     "Prefill KV-sender requests overdue in stallguard report mode "
                     "(logged and traced, not failed).",
-                    labelnames=LABELS,
+                    labelnames=names,
                 ),
             }
         except ValueError:  # already registered under that name by someone else
             log.exception("stallguard-sglang: could not create its Prometheus counters")
             _failed = True
+        else:
+            _sglang_names = sglang_names
         return _counters
 
 
-def prepare() -> None:
+def prepare(sglang_labels: Mapping[str, str]) -> dict[str, str]:
     """Create the counters now (call from a scheduler process, where
-    ``PROMETHEUS_MULTIPROC_DIR`` is already set when SGLang runs with metrics)."""
-    _create()
+    ``PROMETHEUS_MULTIPROC_DIR`` is already set when SGLang runs with metrics), labelled
+    with the names of *sglang_labels* after :data:`LABELS` (names that clash with the
+    adapter's own are left out). The first call fixes the label names for the process.
+
+    Returns:
+        The SGLang labels to pass to :func:`count`: exactly the counters' names.
+    """
+    names = tuple(k for k in sglang_labels if k not in LABELS)
+    _create(names)
+    return {name: str(sglang_labels.get(name, "")) for name in _sglang_names}
 
 
-def count(kind: str, queue: str, backend: str, state: str, tp_rank: object) -> None:
+def count(
+    kind: str, queue: str, backend: str, state: str, sglang_labels: Mapping[str, str]
+) -> None:
     """Add one to the ``kind`` (``"forced"`` or ``"reported"``) counter."""
     counters = _counters if _counters is not None else _create()
     if counters is None:
         return
     try:
-        counters[kind].labels(queue, backend, state, str(tp_rank)).inc()
+        counters[kind].labels(
+            queue=queue,
+            backend=backend,
+            state=state,
+            **{name: sglang_labels.get(name, "") for name in _sglang_names},
+        ).inc()
     except Exception:  # a metrics problem must never break the scheduler loop
         log.exception("stallguard-sglang: could not count a %s expiry", kind)
+
+
+def scheduler_labels(sched: Any, tp_rank: int | None) -> dict[str, str]:
+    """The labels SGLang's scheduler metrics carry in this process: those of
+    *sched*'s ``metrics_collector`` when SGLang runs with metrics (the only case where
+    the counters are scraped), else derived from SGLang's runtime context the way
+    ``SchedulerMetricsCollector.init_new`` derives them, each value that cannot be read
+    left empty (attribute reads only)."""
+    collector_labels = getattr(getattr(sched, "metrics_collector", None), "labels", None)
+    if isinstance(collector_labels, Mapping) and collector_labels:
+        return {str(k): "" if v is None else str(v) for k, v in collector_labels.items()}
+    try:
+        from sglang.srt import runtime_context as ctx  # type: ignore[import-untyped]
+    except ImportError:  # SGLang without a runtime context (0.5.17)
+        ctx = None
+
+    def read(get: Any) -> Any:
+        try:
+            return get()
+        except Exception:  # not published in this process
+            return None
+
+    mode = read(lambda: ctx.get_disagg().disaggregation_mode)
+    if mode is None:
+        mode = getattr(getattr(sched, "server_args", None), "disaggregation_mode", None)
+    mode = str(getattr(mode, "value", mode))
+    parallel = read(lambda: ctx.get_parallel())
+    ps = getattr(sched, "ps", None)
+    labels: dict[str, Any] = {
+        "model_name": read(lambda: ctx.get_serving().served_model_name)
+        or getattr(getattr(sched, "server_args", None), "served_model_name", None),
+        "engine_type": mode if mode in ("prefill", "decode") else "unified",
+        "tp_rank": tp_rank,
+        "pp_rank": read(lambda: parallel.pp_rank) if parallel is not None else None,
+        "moe_ep_rank": read(lambda: parallel.moe_ep_rank) if parallel is not None else None,
+    }
+    pp_rank = getattr(ps, "pp_rank", None)
+    if labels["pp_rank"] is None and isinstance(pp_rank, int):
+        labels["pp_rank"] = pp_rank  # 0.5.17 keeps it on the scheduler
+    dp_rank = read(lambda: parallel.dp_rank) if parallel is not None else None
+    if dp_rank is not None:
+        labels["dp_rank"] = dp_rank
+    return {k: "" if v is None or isinstance(v, Mapping) else str(v) for k, v in labels.items()}

@@ -6,10 +6,12 @@ from the installed distribution's metadata and features from its files.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
-import re
+import sys
+
+TYPE_CHECKING = False  # (not typing's: see the note below)
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
 
 __all__ = [
     "SUPPORTED_SGLANG",
@@ -19,35 +21,53 @@ __all__ = [
     "nixl_has_bootstrap_timeout",
     "parse_version",
     "sglang_version",
+    "supported_specifier",
 ]
 
-#: The SGLang releases the adapter supports (a PEP 440 specifier, for humans and pip).
+# (importlib.metadata, importlib.util and packaging are imported inside the functions
+# that need them, or not at all: the .pth activation imports this module at interpreter
+# start-up when the adapter is enabled, and importing importlib.metadata alone costs tens
+# of milliseconds)
+
+#: The SGLang releases the adapter supports: a PEP 440 specifier, checked with
+#: ``packaging`` everywhere (:func:`is_supported`, ``python -m stallguard_sglang``, the
+#: plugin's start-up warning). Pre-releases inside the range count (``0.5.18rc0``);
+#: ``0.5.17rc0`` comes before ``0.5.17`` and does not.
 SUPPORTED_SGLANG = ">=0.5.17,<0.6"
 #: The releases the adapter's test suite runs against (real SGLang code, see docs/sglang.md).
 TESTED_SGLANG = ("0.5.17", "0.5.23")
 
-_MIN = (0, 5, 17)
-_MAX_EXCLUSIVE = (0, 6)
 #: upstream PR sgl-project/sglang#34692 gave NIXL its prefill bootstrap deadline in 0.5.18.
 _NIXL_BOOTSTRAP_TIMEOUT_SINCE = (0, 5, 18)
 
 
+def supported_specifier() -> SpecifierSet:
+    """:data:`SUPPORTED_SGLANG` as a ``packaging.specifiers.SpecifierSet``."""
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(SUPPORTED_SGLANG, prereleases=True)
+
+
 def parse_version(version: str) -> tuple[int, ...]:
-    """The release part of a version string as a tuple of ints: ``"0.5.23.post1"`` ->
+    """The release part of a PEP 440 version as a tuple of ints: ``"0.5.23.post1"`` ->
     ``(0, 5, 23)``, ``"0.5.18rc0"`` -> ``(0, 5, 18)``.
 
     Raises:
-        ValueError: if *version* does not start with a number.
+        ValueError: if *version* is not a PEP 440 version (the message names it).
     """
-    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
-    if match is None:
-        raise ValueError(f"not a version number: {version!r}")
-    return tuple(int(part) for part in match.group(1).split("."))
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release
+    except (InvalidVersion, TypeError):
+        raise ValueError(f"not a PEP 440 version number: {version!r}") from None
 
 
 def sglang_version() -> str | None:
     """The installed SGLang's version (from its distribution metadata), or None if SGLang
     is not installed. Does not import SGLang."""
+    import importlib.metadata
+
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
@@ -55,18 +75,30 @@ def sglang_version() -> str | None:
 
 
 def is_supported(version: str | None = None) -> bool:
-    """True if *version* (default: the installed SGLang) is in :data:`SUPPORTED_SGLANG`."""
+    """True if *version* (default: the installed SGLang) is in :data:`SUPPORTED_SGLANG`
+    under PEP 440 (``packaging``): ``0.5.17rc0`` is not, ``0.5.18rc0`` is. False if SGLang
+    is not installed.
+
+    Raises:
+        ValueError: if *version* is not a PEP 440 version.
+    """
+    from packaging.version import InvalidVersion, Version
+
     version = version if version is not None else sglang_version()
     if version is None:
         return False
-    release = parse_version(version)
-    return _MIN <= release < _MAX_EXCLUSIVE
+    try:
+        parsed = Version(version)
+    except (InvalidVersion, TypeError):
+        raise ValueError(f"not a PEP 440 version number: {version!r}") from None
+    return supported_specifier().contains(parsed)
 
 
 def nixl_has_bootstrap_timeout(version: str | None = None) -> bool:
     """True if SGLang *version* fails a NIXL sender stuck in ``Bootstrapping`` on its own
-    (``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``): 0.5.18 and later. On 0.5.17 and
-    earlier such a request waits forever unless stallguard's bootstrap-queue guard runs."""
+    (``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``): 0.5.18 and later (its pre-releases
+    included). On 0.5.17 and earlier such a request waits forever unless stallguard's
+    bootstrap-queue guard runs."""
     version = version if version is not None else sglang_version()
     if version is None:
         return False
@@ -75,11 +107,23 @@ def nixl_has_bootstrap_timeout(version: str | None = None) -> bool:
 
 def has_plugin_framework() -> bool:
     """True if the installed SGLang has the plugin framework (``sglang.srt.plugins``,
-    entry-point group ``sglang.srt.plugins``). Checks the file, without importing SGLang."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
+    entry-point group ``sglang.srt.plugins``). Checks the file, without importing SGLang
+    (and without ``importlib.util``, whose imports cost milliseconds at start-up)."""
+    module = sys.modules.get("sglang")
+    locations = getattr(getattr(module, "__spec__", None), "submodule_search_locations", None)
+    if module is None:
+        # what importlib.util.find_spec does for a top-level name not yet imported
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is None:
+                continue
+            spec = find_spec("sglang", None)
+            if spec is not None:
+                locations = spec.submodule_search_locations
+                break
+    if not locations:
         return False
     return any(
         os.path.exists(os.path.join(location, "srt", "plugins", "__init__.py"))
-        for location in spec.submodule_search_locations
+        for location in locations
     )

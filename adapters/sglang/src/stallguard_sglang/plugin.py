@@ -79,20 +79,27 @@ def install(config: Config, *, via: str = "plugins") -> None:
                 config.source,
             )
         return
-    from . import _decode, _inflight
+    from . import _decode, _hooks, _runtime
 
     version = sglang_version()
-    if version is not None and not is_supported(version):
+    try:
+        supported = version is None or is_supported(version)
+    except ValueError:  # not a PEP 440 version: a local build, say
+        supported = False
+    if not supported:
         log.warning(
             "stallguard-sglang: SGLang %s is outside the supported range %s; installing "
             "anyway (check the startup table and that the hooks applied)",
             version,
             SUPPORTED_SGLANG,
         )
-    _inflight.set_runtime(_inflight.Runtime(config, version=version))
-    plan = _inflight.hook_plan(config, version) + _decode.hook_plan(config)
+    _runtime.set_runtime(_runtime.Runtime(config, version=version))
+    plan = _hooks.hook_plan(config, version) + _decode.hook_plan(config)
     if via == "plugins":
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+        from sglang.srt.plugins.hook_registry import (  # type: ignore[import-untyped]
+            HookRegistry,
+            HookType,
+        )
 
         for target, fn, kind in plan:
             HookRegistry.register(
@@ -144,7 +151,7 @@ def patch(target: str, fn: Callable[..., Any], kind: str) -> None:
             fn(result, *args, **kwargs)
             return result
 
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = original
     wrapper._stallguard_hook = fn  # type: ignore[attr-defined]
     _patched.append((cls, attr, original))
     setattr(cls, attr, wrapper)
@@ -154,10 +161,10 @@ def _uninstall() -> None:
     """Undo :func:`install` with ``via="patch"`` (for tests; hooks registered with
     SGLang's ``HookRegistry`` cannot be undone this way)."""
     global _installed
-    from . import _inflight
+    from . import _runtime
 
     while _patched:
         cls, attr, original = _patched.pop()
         setattr(cls, attr, original)
-    _inflight.set_runtime(None)
+    _runtime.set_runtime(None)
     _installed = None

@@ -37,7 +37,7 @@ def installed(
             ``load_plugins()`` or another ``installed()`` block).
     """
     from . import plugin
-    from ._inflight import runtime
+    from ._runtime import runtime
 
     if runtime() is not None:
         raise RuntimeError("stallguard-sglang is already installed in this process")

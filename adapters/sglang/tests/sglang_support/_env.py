@@ -11,7 +11,21 @@ import importlib.util
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+#: The directory holding this package (adapters/sglang/tests): put on a child's
+#: PYTHONPATH so that it can import sglang_support without any .pth file.
+SUPPORT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _checkout() -> Path:
+    """The repository checkout this package lives in (the directory with tools/dev.py,
+    which builds the venvs next to it), else the adapter's directory."""
+    for parent in SUPPORT_ROOT.parents:
+        if (parent / "tools" / "dev.py").is_file():
+            return parent
+    return SUPPORT_ROOT.parent
+
+
+REPO = _checkout()
 VENV = REPO / ".venv"
 VENV_SGLANG0517 = REPO / ".venv-sglang0517"
 VENV_SGLANG0517_PYTHON = VENV_SGLANG0517 / "bin" / "python"

@@ -3,14 +3,17 @@
 pytest magic; branch on `sglang.__version__` internally, so the same calls work on both.
 
 Importing this package is cheap. Names that need sglang (~8 s import, once per process)
-are loaded on first access. Importable because tools/dev.py's `_stallguard_dev.pth` puts
-tests/ on sys.path in both venvs (spawned children and subprocesses included).
+are loaded on first access. Lives with the adapter's tests (adapters/sglang/tests), which
+pytest puts on sys.path for them; tools/dev.py's `_stallguard_dev.pth` also puts that
+directory on sys.path in both venvs, for the repository's own tests and benchmarks.
+`run_in_python` children get it on their PYTHONPATH; `run_ranks` children inherit
+the parent's sys.path.
 
 Environment (no sglang import):
     skip_reason(expected="0.5.23") -> str | None     why real-0.5.23 tests can't run here
     sglang0517_skip_reason() -> str | None           why .venv-sglang0517 can't be used
     sglang_version() -> str | None;  version_tuple(v=None) -> tuple[int, ...]
-    REPO, VENV, VENV_SGLANG0517, VENV_SGLANG0517_PYTHON (Paths), SUPPORTED
+    REPO, VENV, VENV_SGLANG0517, VENV_SGLANG0517_PYTHON, SUPPORT_ROOT (Paths), SUPPORTED
 
 Real objects (_core):
     setup_context(rank=0, world=1, **server_args)    dummy ServerArgs(tp_size=world, ...) +
@@ -54,6 +57,7 @@ from typing import Any
 
 from ._env import (
     REPO,
+    SUPPORT_ROOT,
     SUPPORTED,
     VENV,
     VENV_SGLANG0517,
@@ -99,6 +103,7 @@ _LAZY = {
 
 __all__ = [
     "REPO",
+    "SUPPORT_ROOT",
     "SUPPORTED",
     "VENV",
     "VENV_SGLANG0517",

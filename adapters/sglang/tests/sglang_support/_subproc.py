@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._env import REPO
+from ._env import SUPPORT_ROOT
 
 __all__ = ["SubprocessError", "run_in_python"]
 
@@ -44,11 +44,14 @@ def run_in_python(
         inp.write_bytes(pickle.dumps((target, tuple(args), dict(kwargs or {}))))
         full_env = dict(os.environ)
         full_env.update(env or {})
+        # the child imports sglang_support (its runner) from where this copy lives
+        pythonpath = full_env.get("PYTHONPATH")
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT_ROOT), pythonpath]))
         cmd = [str(python), "-m", "sglang_support._runner", str(inp), str(out)]
         try:
             proc = subprocess.run(
                 cmd,
-                cwd=REPO,
+                cwd=SUPPORT_ROOT,
                 env=full_env,
                 capture_output=True,
                 text=True,

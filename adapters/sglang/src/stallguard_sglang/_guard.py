@@ -1,0 +1,481 @@
+"""Queue guards: per-state deadlines for the requests in one SGLang prefill queue.
+
+A :class:`QueueGuard` belongs to one queue: a scheduler's ``disagg_prefill_inflight_queue``
+or a ``PrefillBootstrapQueue``'s ``queue``. Around each call of the queue's method
+(``_hooks.py``) it
+
+1. **applies the state changes captured since the last call** (:meth:`Lane.apply_events`):
+   each is observed with the time SGLang entered the state
+   (``Watchdog.observe(key, state, at=since)``), or renews a progress window
+   (``Watchdog.heartbeat(key, at=...)``);
+2. **enrolls the requests that joined the queue** meanwhile: each is observed in its
+   current state from now (deadlines count from when a request entered the queue);
+3. **runs the deadline check once** per watchdog (``Watchdog.check()``): a request found
+   overdue is failed the way SGLang fails it;
+4. calls SGLang's method; then
+5. **forgets the requests that left** (``Watchdog.forget``).
+
+The watchdog does all the deadline bookkeeping: the guard schedules nothing itself.
+
+Enrollment is O(new requests): SGLang only appends to these lists between calls and
+replaces them with a new list at the end of each call, so new requests are the tail past
+what the guard saw last time. Anything else (a replaced or shrunk list, requests that
+left without being returned) falls back to a full rescan.
+
+State changes are captured **where SGLang makes them** (``_hooks.py``): for
+``CommonKVSender`` backends every change goes through the manager's
+``update_status(room, status)`` (often on a transfer thread), whose hook appends
+``(entry, status, clock())`` to the lane's event queue (a deque append: atomic, no lock);
+``FakeKVSender`` keeps its own state, and its ``send()`` / ``abort()`` are hooked the same
+way. An event is applied only if the room's current status, read back
+(``update_status`` only moves a room forward, or to Failed), is the one the event reports:
+an event for a state the room has already left is skipped (its successor's event
+follows), so a state's clock starts when SGLang entered it, never earlier. Everything
+else (enroll, check, fail, forget) runs on the scheduler thread that runs the queue
+method: only the event queue is shared with other threads.
+
+A request found overdue is failed the way SGLang fails it (``conclude_failure``, which
+also tells decode; ``record_failure`` + ``update_status(Failed)`` on releases without it;
+``conclude_state = Failed`` for ``FakeKVSender``). The queue list is never touched: every
+rank must pass the same vector to the poll all-reduce, and the MIN reduction then
+concludes the request on every rank in the same iteration, through SGLang's own failure
+path.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from stallguard import Deadline, Expiry, Spec, Watchdog
+
+from . import _metrics
+from ._kvpoll import FAILED, KVPOLL, LIVE, SUCCESS, TERMINAL_STATES, WAITING
+from ._profiles import (
+    PROFILES,
+    BackendProfile,
+    bootstrap_queue_deadline,
+    bootstrap_queue_guarded,
+    effective_deadlines,
+)
+from ._runtime import Runtime
+
+__all__ = ["ATTRIBUTE_PREFIX", "Entry", "Lane", "QueueGuard", "read_state"]
+
+log = logging.getLogger("stallguard.sglang")
+
+#: The namespace of the span attributes the adapter sets.
+ATTRIBUTE_PREFIX = "stallguard.sglang."
+_RID = ATTRIBUTE_PREFIX + "rid"
+_ROOM = ATTRIBUTE_PREFIX + "bootstrap_room"
+
+# Attributes the adapter sets on SGLang objects (names nobody else uses).
+ROOMS = "_stallguard_rooms"  # on a CommonKVManager: room -> Entry
+FAKE = "_stallguard_entry"  # on a FakeKVSender: its Entry
+
+_UNSEEN: Any = object()
+
+QueueKind = Literal["inflight", "bootstrap", "prealloc", "transfer"]
+
+
+class Lane:
+    """One backend's watchdog within one queue guard, and the state changes the hooks
+    captured for its requests (``events``: ``(entry, KVPoll value, clock reading)``,
+    appended by any thread, applied in order by the scheduler thread)."""
+
+    __slots__ = ("backend", "clock", "common", "events", "guard", "heartbeat", "static", "wd")
+
+    def __init__(
+        self, guard: QueueGuard, backend: str, profile: BackendProfile, wd: Watchdog[Any]
+    ) -> None:
+        self.guard = guard
+        self.backend = backend
+        self.common = profile.common
+        self.wd = wd
+        self.clock = wd.clock
+        # states with a progress window: a repeated update_status of the same state (a
+        # NIXL worker moving the next chunk) renews it.
+        deadlines = wd.spec.deadlines
+        self.heartbeat = frozenset(
+            KVPOLL.index(str(state)) for state, d in deadlines.items() if d.stall is not None
+        )
+        self.events: collections.deque[tuple[Entry, int, float]] = collections.deque()
+        #: the span attributes every request of this lane shares (absent ones left out)
+        self.static = _attributes(backend=backend, tp_rank=guard.tp_rank, queue=guard.kind)
+
+    def enroll(self, entry: Entry, now: float) -> None:
+        """Observe a request that joined the queue at *now*, in its current state."""
+        state = entry.state = read_state(entry)
+        if state not in LIVE:
+            return  # concluding already (or its room is gone): it leaves in this call
+        wd = self.wd
+        wd.observe(entry, KVPOLL[state], at=now)
+        attributes = {_RID: str(entry.rid)}
+        if entry.room is not None:
+            attributes[_ROOM] = entry.room
+        attributes.update(self.static)
+        wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(entry.req))
+
+    def apply_events(self) -> None:
+        """Apply the state changes the hooks captured since the last call (scheduler
+        thread, before ``check()``)."""
+        events = self.events
+        popleft = events.popleft
+        wd = self.wd
+        beats = self.heartbeat
+        for _ in range(len(events)):  # what is there now; later ones wait for next time
+            entry, status, at = popleft()
+            if not entry.live:
+                continue
+            state = read_state(entry)
+            if state == entry.state:
+                if status == state and state in beats:
+                    wd.heartbeat(entry, at=at)
+                continue
+            if state != status:
+                # the event is for a state the room has since left (its successor's
+                # event follows), or one that did not take (a concluded room): taking
+                # the room's current state from it would start that state's clock early
+                continue
+            entry.state = state
+            # a terminal state untracks the request; the core never starts a state
+            # before the one it ends, nor before the request's enrollment
+            wd.observe(entry, KVPOLL[state], at=at)
+
+    def check(self) -> None:
+        """Run the deadline check once (enforce mode: overdue requests are failed by
+        :meth:`QueueGuard.on_expire`)."""
+        expiries = self.wd.check()
+        if expiries and self.wd.mode == "report":
+            for expiry in expiries:
+                self.on_reported(expiry)
+
+    def on_reported(self, expiry: Expiry[Any]) -> None:
+        """Count a report-mode expiry (nothing is failed).
+
+        The one place report mode is counted: once the core's
+        ``wd.add_listener(on_expire=...)`` (firing in both modes) is available, register
+        this (for report-mode watchdogs) in ``QueueGuard.lane`` and drop the loop in
+        :meth:`check`."""
+        guard = self.guard
+        _metrics.count(
+            "reported", guard.kind, self.backend, expiry.state_label, guard.metric_labels
+        )
+
+
+def _attributes(**values: Any) -> dict[str, Any]:
+    """Span attributes under ``stallguard.sglang.*``; values that are None are left out
+    (no placeholders)."""
+    return {ATTRIBUTE_PREFIX + k: v for k, v in values.items() if v is not None}
+
+
+class Entry:
+    """One enrolled request, and its key in the watchdog: unique per stay in the queue
+    (a requeued request, or a client reusing a rid, gets a new one), shown as the rid."""
+
+    __slots__ = (
+        "forced",
+        "lane",
+        "live",
+        "mgr",
+        "req",
+        "rid",
+        "room",
+        "rooms",
+        "sender",
+        "state",
+        "statuses",
+    )
+
+    def __init__(
+        self,
+        lane: Lane,
+        req: Any,
+        sender: Any,
+        room: Any,
+        mgr: Any,
+        rooms: dict[Any, Entry] | None,
+    ) -> None:
+        self.lane = lane
+        self.req = req
+        self.rid = req.rid
+        self.sender = sender
+        self.room = room
+        self.mgr = mgr
+        # CommonKVSender backends: the manager's room -> status map (None for fake)
+        self.statuses: dict[Any, int] | None = None if mgr is None else mgr.request_status
+        self.rooms = rooms  # the manager's room -> entry map (None for fake)
+        self.live = True
+        #: the sender state (KVPoll value) the guard last observed
+        self.state: int | None = None
+        #: the failure reason, once stallguard failed the request
+        self.forced: str | None = None
+
+    def __repr__(self) -> str:
+        return repr(self.rid)
+
+    def __str__(self) -> str:
+        return str(self.rid)
+
+
+def read_state(entry: Entry) -> int | None:
+    """The request's local sender state now (a ``KVPoll`` value: an int), or None if
+    its room is gone (cleared: the request is concluding)."""
+    concluded: int | None = entry.sender.conclude_state
+    if concluded is not None:
+        return concluded
+    statuses = entry.statuses
+    if statuses is not None:
+        return statuses.get(entry.room)
+    return SUCCESS if entry.sender.has_sent else WAITING
+
+
+def _trace_parent(req: Any) -> Any:
+    """SGLang's per-request OpenTelemetry context (``req.time_stats.trace_ctx``'s root
+    span context) when SGLang tracing is on, else None. Attribute reads only."""
+    ctx = getattr(getattr(req, "time_stats", None), "trace_ctx", None)
+    if ctx is None or getattr(ctx, "tracing_enable", False) is not True:
+        return None
+    parent = getattr(ctx, "root_span_context", None)
+    return parent if isinstance(parent, dict) else None  # an opentelemetry Context
+
+
+class QueueGuard:
+    """Guards one queue list (see the module docstring)."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        kind: QueueKind,
+        tp_rank: int | None,
+        metric_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.rt = rt
+        self.kind: QueueKind = kind
+        self.tp_rank = tp_rank
+        #: SGLang's own scheduler metric labels (model_name, tp_rank, ...), for joins
+        self.metric_labels: Mapping[str, str] = metric_labels or {}
+        self.entries: dict[int, Entry] = {}  # id(req) -> entry
+        self.lanes: dict[str, Lane | None] = {}
+        self.checks: tuple[Lane, ...] = ()
+        self.seen_list: list[Any] | None = None
+        self.seen_len = 0
+        self.seen_tail: Any = None
+        self.rescans = 0
+        rt.guards.add(self)
+
+    # ------------------------------------------------------------------ lanes
+
+    def _spec(self, backend: str) -> tuple[dict[str, Deadline], str]:
+        config = self.rt.config
+        if self.kind == "inflight":
+            return dict(effective_deadlines(config, backend)), config.prefill.mode
+        seconds = bootstrap_queue_deadline(config)
+        mode = config.bootstrap_queue.mode
+        deadlines = {
+            "Bootstrapping": Deadline(seconds=seconds),
+            "WaitingForInput": Deadline(),  # waits for a metadata buffer: back-pressure
+            "Transferring": Deadline(),
+        }
+        return deadlines, "enforce" if mode == "auto" else mode
+
+    def lane(self, backend: str) -> Lane | None:
+        """The lane of *backend*, created at first use; None if this queue does not
+        guard that backend."""
+        try:
+            return self.lanes[backend]
+        except KeyError:
+            pass
+        lane = None
+        if self.kind == "inflight" or bootstrap_queue_guarded(
+            self.rt.config, backend, self.rt.version
+        ):
+            deadlines, mode = self._spec(backend)
+            spec = Spec(
+                name=f"sglang.{self.kind}.{backend}",
+                deadlines=deadlines,
+                terminal=TERMINAL_STATES,
+            )
+            wd: Watchdog[Any] = Watchdog(
+                spec,
+                clock=self.rt.clock,
+                on_expire=self.on_expire if mode == "enforce" else None,
+                mode="enforce" if mode == "enforce" else "report",
+                # keys are unique per stay in the queue and the hooks drop events for
+                # requests that left: no need to remember concluded keys
+                memory=1,
+            )
+            lane = Lane(self, backend, PROFILES[backend], wd)
+            self.checks = (*self.checks, lane)
+        self.lanes[backend] = lane
+        return lane
+
+    @property
+    def watchdogs(self) -> dict[str, Watchdog[Any]]:
+        """The watchdog of each backend this queue has seen (and guards)."""
+        return {name: lane.wd for name, lane in self.lanes.items() if lane is not None}
+
+    # ------------------------------------------------------------------ around a call
+
+    def before(self, queue: list[Any]) -> None:
+        """Apply the state changes captured since the last call, enroll what joined
+        *queue* meanwhile, then check deadlines once."""
+        for lane in self.checks:
+            if lane.events:
+                lane.apply_events()
+        n = len(queue)
+        seen = self.seen_len
+        appended = queue is self.seen_list and n >= seen
+        if appended and (seen == 0 or queue[seen - 1] is self.seen_tail):
+            if n > seen:
+                self._enroll(queue[seen:])
+        else:
+            self._resync(queue)
+        self.seen_list = queue
+        self.seen_len = n
+        self.seen_tail = queue[-1] if n else None
+        for lane in self.checks:
+            lane.check()
+
+    def after(self, queue: list[Any], before_len: int, left: list[Any]) -> None:
+        """Forget the requests SGLang's call removed from the queue (*left*, and any
+        that left silently), and remember the new list."""
+        if left:
+            pop = self.entries.pop
+            leave = self._leave
+            for req in left:
+                entry = pop(id(req), None)
+                if entry is not None:
+                    leave(entry)
+        if len(queue) != before_len - len(left):
+            self._resync(queue)
+        self.seen_list = queue
+        self.seen_len = len(queue)
+        self.seen_tail = queue[-1] if queue else None
+
+    # ------------------------------------------------------------------ membership
+
+    def _resync(self, queue: list[Any]) -> None:
+        """O(len(queue)): make the enrolled set exactly the queue's members."""
+        self.rescans += 1
+        present = {id(req) for req in queue}
+        gone = [entry for rid, entry in self.entries.items() if rid not in present]
+        for entry in gone:
+            del self.entries[id(entry.req)]
+            self._leave(entry)
+        new = [req for req in queue if id(req) not in self.entries]
+        if new:
+            self._enroll(new)
+
+    def _enroll(self, reqs: list[Any]) -> None:
+        rt = self.rt
+        entries = self.entries
+        lanes = self.lanes
+        backends = rt.backends
+        last: Lane | None = None
+        now = 0.0
+        for req in reqs:
+            if id(req) in entries:
+                continue
+            sender = getattr(req, "disagg_kv_sender", None)
+            if sender is None:
+                continue
+            backend: str | None = backends.get(type(sender), _UNSEEN)
+            if backend is _UNSEEN:
+                backend = rt.backend_of(sender)
+            if backend is None:
+                continue
+            lane: Lane | None = lanes.get(backend, _UNSEEN)
+            if lane is _UNSEEN:
+                lane = self.lane(backend)
+            if lane is None:
+                continue
+            if lane is not last:  # one clock read per lane and batch
+                last = lane
+                now = lane.clock()
+            room = getattr(req, "bootstrap_room", None)
+            if lane.common:
+                mgr = sender.kv_mgr
+                rooms = getattr(mgr, ROOMS, None)
+                if rooms is None:
+                    rooms = {}
+                    setattr(mgr, ROOMS, rooms)
+                entry = Entry(lane, req, sender, room, mgr, rooms)
+                rooms[room] = entry
+            else:
+                entry = Entry(lane, req, sender, room, None, None)
+                setattr(sender, FAKE, entry)
+            entries[id(req)] = entry
+            # (the state is read after the entry is in the rooms map: a change this read
+            # misses finds the entry there and is captured as an event, at or after now)
+            lane.enroll(entry, now)
+
+    def _leave(self, entry: Entry) -> None:
+        """Forget a request that left the queue (already out of ``entries``)."""
+        entry.live = False
+        rooms = entry.rooms
+        if rooms is not None:
+            if rooms.get(entry.room) is entry:
+                del rooms[entry.room]
+        elif getattr(entry.sender, FAKE, None) is entry:
+            delattr(entry.sender, FAKE)
+        if entry.state in LIVE:  # the watchdog may track it
+            entry.lane.wd.forget(entry, remember=False)
+        # the entry may live on a little (the watchdog's last tombstone, a captured
+        # event): do not keep the finished request alive with it
+        entry.req = entry.sender = None
+
+    # ------------------------------------------------------------------ enforcement
+
+    def on_expire(self, expiry: Expiry[Any]) -> None:
+        """Fail an overdue request through SGLang's own failure path (enforce mode),
+        unless it concluded meanwhile."""
+        entry = expiry.key
+        if not isinstance(entry, Entry) or not entry.live:
+            return
+        state = read_state(entry)
+        if state is None or state in (SUCCESS, FAILED):
+            log.info(
+                "stallguard-sglang: %s concluded (%s) as its deadline fired; not failing it",
+                entry.rid,
+                "cleared" if state is None else KVPOLL[state],
+            )
+            return
+        reason = _reason(expiry, entry, self.kind)
+        entry.forced = reason
+        lane = entry.lane
+        if lane.common:
+            _fail_common(entry.mgr, entry.room, reason)
+        else:
+            entry.sender.conclude_state = FAILED
+        _metrics.count("forced", self.kind, lane.backend, expiry.state_label, self.metric_labels)
+
+
+def _reason(expiry: Expiry[Any], entry: Entry, queue: str) -> str:
+    if expiry.reason == "stall":
+        what = f"went {expiry.elapsed:.1f}s without progress in KVPoll.{expiry.state_label}"
+        window = "progress window"
+    else:
+        what = f"spent {expiry.elapsed:.1f}s in KVPoll.{expiry.state_label}"
+        window = "deadline"
+    return (
+        f"stallguard: request {entry.rid} (bootstrap_room {entry.room}, "
+        f"{entry.lane.backend}) {what} in the prefill {queue} queue, past its "
+        f"{expiry.deadline:g}s {window}"
+    )
+
+
+def _fail_common(mgr: Any, room: int, reason: str) -> None:
+    """Fail a CommonKVSender's room the way SGLang does."""
+    conclude = getattr(mgr, "conclude_failure", None)
+    if conclude is not None:
+        try:
+            conclude(bootstrap_room=room, failure_reason=reason)
+            return
+        except Exception:
+            # e.g. telling a dead decode peer failed: still fail the room locally
+            log.exception("stallguard-sglang: conclude_failure(%s) raised; failing locally", room)
+    mgr.record_failure(room, reason)
+    mgr.update_status(room, FAILED)
