@@ -263,6 +263,44 @@ def install_decode_context(
     )
 
 
+class OfflineNode:
+    """A decode node without a transfer engine or prefill (for benchmarks and quick
+    checks): a real ``NixlKVManager``'s status plumbing, built with ``object.__new__``
+    (no NIXL agent, ZMQ or bootstrap server), over the same host buffers and
+    ``MetadataBuffers`` as :class:`DecodeNode`."""
+
+    def __init__(self, aux_rows: int = 64) -> None:
+        import threading as _threading
+        from collections import defaultdict
+
+        from pd_wedge import _kv
+        from sglang.srt.disaggregation.nixl.conn import NixlKVManager
+
+        self.addr = f"{HOST}:1"
+        self.port = 1
+        self.layout = _kv.Layout(num_pages=256, aux_rows=aux_rows)
+        self.kv = _kv.HostPool(self.layout)
+        self.metadata = metadata_buffers(aux_rows)
+        mgr = object.__new__(NixlKVManager)
+        for name, value in dict(
+            request_status={},
+            failure_records={},
+            failure_lock=_threading.Lock(),
+            defer_decode_allocation=False,
+            addr_to_rooms_tracker=defaultdict(set),
+            prefill_response_tracker={},
+            required_prefill_response_num_table={},
+            prefill_info_table={},
+            _deferred_ack_targets={},
+            _deferred_ack_poisoned_rooms=set(),
+            _staging_outstanding=defaultdict(int),
+            deferred_bootstrap=None,
+            enable_deferred_decode_kv_release=False,
+        ).items():
+            setattr(mgr, name, value)
+        self.mgr = mgr
+
+
 class HostPools:
     """Stands in for decode's GPU memory pools: ``free_slots`` requests fit, each in a
     run of ``slot_pages`` pages of the host KV buffers the decode manager registered."""
@@ -336,7 +374,7 @@ class DecodeSide:
 
     def __init__(
         self,
-        node: DecodeNode,
+        node: DecodeNode | OfflineNode,
         *,
         free_slots: int = 4,
         group: Any = None,
@@ -558,6 +596,7 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> bool:
 
 __all__ = [
     "DecodeNode",
+    "OfflineNode",
     "DecodeSide",
     "HostPools",
     "PrefillPeer",
@@ -568,3 +607,93 @@ __all__ = [
     "threading",
     "wait_until",
 ]
+
+
+# --------------------------------------------------------------------------- 0.5.17
+
+
+def legacy_decode_transfer(deadline: float = 10.0) -> dict[str, Any]:
+    """Under SGLang 0.5.17 (run with ``run_in_python`` in .venv-sglang0517): the real
+    0.5.17 ``DecodeTransferQueue.pop_transferred`` over real ``NixlKVReceiver``s (their
+    manager's status plumbing only, built with ``object.__new__``: no NIXL agent, no
+    prefill), first without the adapter, then with it installed: a receiver whose
+    transfer failed is concluded with SGLang's own reason either way, one that waits is
+    left alone without the adapter and failed at its deadline with it."""
+    import threading as _threading
+    from collections import defaultdict
+
+    import sglang
+    import sglang_support as sgs
+    import torch
+    from sglang.srt.disaggregation import decode as decode_mod
+    from sglang.srt.disaggregation.nixl.conn import NixlKVManager, NixlKVReceiver
+    from sglang.srt.disaggregation.utils import ReqToMetadataIdxAllocator
+    from stallguard_sglang.testing import installed
+
+    from stallguard.testing import FakeClock
+
+    sgs.setup_context(0, 1)
+    group = sgs.single_process_group()
+    decode_mod.release_kv_cache = lambda *a, **k: None  # frees GPU pages: nothing here
+
+    def run(clock: Any = None) -> dict[str, Any]:
+        mgr = object.__new__(NixlKVManager)
+        for name, value in dict(
+            request_status={},
+            failure_records={},
+            failure_lock=_threading.Lock(),
+            addr_to_rooms_tracker=defaultdict(set),
+            prefill_response_tracker={},
+            required_prefill_response_num_table={},
+        ).items():
+            setattr(mgr, name, value)
+        rec = _Recorder()
+        tq = object.__new__(decode_mod.DecodeTransferQueue)
+        tq.queue = []
+        tq.gloo_group = group
+        tq.tp_rank = 0
+        tq.scheduler = SimpleNamespace(
+            enable_decode_hicache=False,
+            enable_hisparse=False,
+            output_streamer=rec,
+            metrics_reporter=SimpleNamespace(enable_metrics=False),
+        )
+        tq.enable_staging = False
+        # the metadata rows prefill writes (GPU-side buffers in a server): room 0 = unwritten
+        tq.metadata_buffers = SimpleNamespace(bootstrap_room=torch.zeros((8, 1), dtype=torch.int64))
+        tq.req_to_metadata_buffer_idx_allocator = ReqToMetadataIdxAllocator(8)
+        tq.tree_cache = SimpleNamespace(unlock=lambda *a: None, finish=lambda *a: None)
+        for rid, room in (("failing", 41), ("waiting", 42)):
+            receiver = NixlKVReceiver(mgr, f"{HOST}:1", room)
+            mgr.update_status(room, 2)  # WaitingForInput: metadata sent
+            dreq = decode_mod.DecodeRequest(
+                req=make_request(rid, room, 1),
+                kv_receiver=receiver,
+                metadata_buffer_index=tq.req_to_metadata_buffer_idx_allocator.alloc(),
+            )
+            tq.queue.append(dreq)
+        tq.pop_transferred()
+        mgr.record_failure(41, "transport error")
+        mgr.update_status(41, 0)
+        for _ in range(3):
+            if clock is not None:
+                clock.advance(deadline / 2)
+            tq.pop_transferred()
+        return {
+            "streamed": {rid: getattr(reason, "message", None) for rid, reason in rec.streamed},
+            "queue": [d.req.rid for d in tq.queue],
+        }
+
+    out: dict[str, Any] = {"version": sglang.__version__, "without": run()}
+    clock = FakeClock(1000.0)
+    with installed({"decode": {"transfer": {"WaitingForInput": deadline}}}, clock=clock):
+        hooked = {
+            name: getattr(fn, "_stallguard_hook", None) is not None
+            for name, fn in (
+                ("pop_preallocated", decode_mod.DecodePreallocQueue.pop_preallocated),
+                ("pop_transferred", decode_mod.DecodeTransferQueue.pop_transferred),
+            )
+        }
+        out["with"] = run(clock)
+        out["hooked"] = hooked
+    return out

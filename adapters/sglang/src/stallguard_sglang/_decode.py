@@ -42,7 +42,7 @@ from stallguard import Expiry, Spec, Watchdog
 
 from . import _metrics
 from ._config import DECODE_PHASES, Config
-from ._guard import _attributes, _trace_parent
+from ._guard import QueueMembership, _attributes, _trace_parent
 from ._hooks import Site, _tp_rank, around_queue
 from ._profiles import decode_deadlines, decode_support_table, format_support_table
 from ._runtime import Runtime, report_error, runtime
@@ -112,10 +112,10 @@ class _Entry:
 
     def __init__(self, guard: _DecodeGuard, dreq: Any, receiver: Any, backend: str) -> None:
         self.guard = guard
-        self.dreq = dreq
+        self.dreq: Any = dreq
         self.rid = dreq.req.rid
-        self.receiver = receiver
-        self.mgr = receiver.kv_mgr
+        self.receiver: Any = receiver
+        self.mgr: Any = receiver.kv_mgr
         self.room = receiver.bootstrap_room
         self.backend = backend
         self.live = True
@@ -140,7 +140,7 @@ class _Entry:
         return str(self.rid)
 
 
-class _DecodeGuard:
+class _DecodeGuard(QueueMembership):
     """Guards one decode queue list: its watchdog, its entries, their phases."""
 
     def __init__(
@@ -178,12 +178,8 @@ class _DecodeGuard:
         )
         self.clock = self.wd.clock
         self.lock = threading.Lock()  # phase updates come from transfer threads too
-        self.entries: dict[int, _Entry] = {}  # id(DecodeRequest.req) -> entry
+        QueueMembership.__init__(self)  # entries: id(DecodeRequest.req) -> _Entry
         self.backend: str | None = None
-        self.seen_list: list[Any] | None = None
-        self.seen_len = 0
-        self.seen_tail: Any = None
-        self.rescans = 0
         rt.guards.add(self)  # type: ignore[arg-type]
 
     @property
@@ -207,56 +203,23 @@ class _DecodeGuard:
 
     # ------------------------------------------------------------------ around a call
 
+    @staticmethod
+    def key(item: Any) -> int:
+        """A ``DecodeRequest``'s key: its ``Req`` (what ``pop_transferred`` returns)."""
+        return id(item.req)
+
     def before(self, queue: list[Any]) -> None:
         """Enroll what joined *queue* since the last call, then check deadlines once."""
-        n = len(queue)
-        seen = self.seen_len
-        if (
-            queue is self.seen_list
-            and n >= seen
-            and (seen == 0 or queue[seen - 1] is self.seen_tail)
-        ):
-            if n > seen:
-                self._enroll(queue[seen:])
-        else:
-            self._resync(queue)
+        self.sync(queue)
         expiries = self.wd.check(self.clock())
         if expiries and self.wd.mode == "report":
             for expiry in expiries:
                 key = expiry.key
-                _metrics.count("reported", self.kind, key.backend, expiry.state_label, self.tp_rank)
-
-    def after(self, queue: list[Any], before_len: int, left: list[Any]) -> None:
-        """Forget the requests SGLang's call removed (*left*: their ``Req`` objects,
-        and any that left silently), and remember the new list."""
-        removed = 0
-        if left:
-            pop = self.entries.pop
-            for req in left:
-                entry = pop(id(req), None)
-                if entry is not None:
-                    self._leave(entry)
-                    removed += 1
-        if len(queue) != before_len - len(left) or removed != len(left):
-            self._resync(queue)
-        self.seen_list = queue
-        self.seen_len = len(queue)
-        self.seen_tail = queue[-1] if queue else None
+                _metrics.count(
+                    "reported", self.kind, key.backend, expiry.state_label, self.metric_labels
+                )
 
     # ------------------------------------------------------------------ membership
-
-    def _resync(self, queue: list[Any]) -> None:
-        """O(len(queue)): make the enrolled set exactly the queue's members."""
-        self.rescans += 1
-        present = {id(dreq.req) for dreq in queue}
-        for key in [key for key in self.entries if key not in present]:
-            self._leave(self.entries.pop(key))
-        new = [dreq for dreq in queue if id(dreq.req) not in self.entries]
-        if new:
-            self._enroll(new)
-        self.seen_list = queue
-        self.seen_len = len(queue)
-        self.seen_tail = queue[-1] if queue else None
 
     def _enroll(self, dreqs: list[Any]) -> None:
         rt = self.rt
@@ -293,15 +256,16 @@ class _DecodeGuard:
             )
             self.wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(dreq.req))
 
-    def _leave(self, entry: _Entry) -> None:
+    def _leave(self, entry: Any) -> None:
         with self.lock:
             entry.live = False
         self.wd.forget(entry, remember=False)
         rooms = getattr(entry.mgr, _ROOMS, None)
         if rooms is not None and rooms.get(entry.room) is entry:
             del rooms[entry.room]
-        if getattr(entry.receiver, _ENTRY, None) is entry:
-            setattr(entry.receiver, _ENTRY, None)
+        receiver = entry.receiver
+        if getattr(receiver, _ENTRY, None) is entry:
+            setattr(receiver, _ENTRY, None)
         # the watchdog may keep the key a little longer: not the request with it
         entry.dreq = entry.receiver = entry.mgr = None
 
