@@ -507,6 +507,25 @@ class DecodeSide:
             self.prealloc.pending_reqs.append(dreq)
         return dreq
 
+    def add_waiting(self, rid: str, room: int, queue: str) -> Any:
+        """A request whose handshake is done, put straight into *queue*: ``"prealloc"``
+        (waiting for decode memory) or ``"transfer"`` (metadata sent, waiting for the
+        KV), as SGLang's queues hold them at that point."""
+        from sglang.srt.disaggregation.nixl.conn import NixlKVReceiver
+
+        receiver = NixlKVReceiver(self.mgr, f"{HOST}:{self.port}", room)
+        self.mgr.update_status(room, 2)  # WaitingForInput
+        dreq = self._decode_mod.DecodeRequest(
+            req=make_request(rid, room, self.port), kv_receiver=receiver
+        )
+        if queue == "prealloc":
+            dreq.waiting_for_input = True
+            self.prealloc.queue.append(dreq)
+        else:
+            dreq.metadata_buffer_index = self.allocator.alloc()
+            self.transfer.queue.append(dreq)
+        return dreq
+
     def step(self) -> list[str]:
         """One ``process_decode_queue`` pass (without its retraction gate)."""
         self.iteration += 1
@@ -657,6 +676,7 @@ def legacy_decode_transfer(deadline: float = 10.0) -> dict[str, Any]:
             enable_hisparse=False,
             output_streamer=rec,
             metrics_reporter=SimpleNamespace(enable_metrics=False),
+            server_args=SimpleNamespace(disaggregation_transfer_backend="nixl"),
         )
         tq.enable_staging = False
         # the metadata rows prefill writes (GPU-side buffers in a server): room 0 = unwritten
@@ -697,3 +717,40 @@ def legacy_decode_transfer(deadline: float = 10.0) -> dict[str, Any]:
         out["with"] = run(clock)
         out["hooked"] = hooked
     return out
+
+
+# --------------------------------------------------------------------------- ranks
+
+
+def ranks_in_step(info: Any, iterations: int = 25) -> dict[str, Any]:
+    """One rank of a real gloo group (``sglang_support.run_ranks``): both ranks hold the
+    same decode requests (a prealloc one waiting for memory, a transfer one waiting for
+    its KV) in SGLang's real queues, polled with the MIN all-reduce over the group. Rank
+    0's clock runs 1 s per iteration, rank 1's 0.6 s: rank 0 reaches the deadlines
+    first, and both ranks must conclude each request in the same iteration."""
+    from stallguard_sglang.testing import installed
+
+    from stallguard.testing import FakeClock, record_expiries
+
+    node = OfflineNode()
+    side = DecodeSide(node, free_slots=0, group=info.group, deferred_release=False)
+    side.add_waiting("waiting", 61, "prealloc")
+    side.add_waiting("stuck", 62, "transfer")
+    clock = FakeClock(1000.0 + 1000 * info.rank)
+    tick = 1.0 if info.rank == 0 else 0.6
+    config = {"decode": {"prealloc": {"WaitingForInput": 20}, "transfer": {"WaitingForInput": 10}}}
+    left: dict[str, int] = {}
+    with installed(config, clock=clock), record_expiries() as expiries:
+        for i in range(1, iterations + 1):
+            clock.advance(tick)
+            side.step()
+            for rid in ("waiting", "stuck"):
+                if rid not in left and rid not in side.rids("prealloc") + side.rids("transfer"):
+                    left[rid] = i
+    side.close()
+    return {
+        "rank": info.rank,
+        "left": left,
+        "aborted": side.aborted(),
+        "expiries": [(str(e.key), e.state_label) for e in expiries],
+    }

@@ -258,3 +258,19 @@ def test_queue_calls_skipped_while_retracted_fail_overdue_requests_at_the_first_
         side.step()
         assert phases(side) == {"pending": [], "prealloc": [], "transfer": []}
     assert sorted(str(e.key) for e in expiries) == ["gated", "in-transfer", "no-memory", "unknown"]
+
+
+def test_two_gloo_ranks_conclude_each_request_in_the_same_iteration():
+    """Real gloo group of two processes; the ranks' clocks disagree (1 s and 0.6 s per
+    iteration): rank 0 fails each request at its deadline, SGLang's MIN all-reduce
+    concludes it on both ranks in that same iteration, and rank 1 never fires."""
+    r0, r1 = sgs.run_ranks(
+        ds.ranks_in_step, world=2, timeout=240, server_args={"disaggregation_mode": "decode"}
+    )
+    # enrolled at the first iteration (rank 0's clock: +1 s), due 10 s / 20 s later
+    assert r0["left"] == r1["left"] == {"stuck": 11, "waiting": 21}
+    assert r0["expiries"] == [("stuck", "WaitingForInput"), ("waiting", "WaitingForInput")]
+    assert r1["expiries"] == []
+    assert "stallguard" in r0["aborted"]["stuck"] and "stallguard" in r0["aborted"]["waiting"]
+    assert all("another rank" in message for message in r1["aborted"].values())
+    assert sorted(r1["aborted"]) == ["stuck", "waiting"]
