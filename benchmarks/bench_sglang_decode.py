@@ -12,12 +12,14 @@ that alternate iteration by iteration in this one process:
   functions SGLang's ``load_plugins()`` would apply).
 
 Each arm has its own queues, manager and receivers. Every iteration of every arm does the
-same work: two prealloc requests and two transfer requests fail (``record_failure`` +
-``update_status(Failed)``, through the arm's ``update_status``), then ``pop_preallocated``
-and ``pop_transferred`` run (SGLang concludes the four, streams them and frees their
-metadata rows); four new requests join afterwards, outside the timing, so N stays
-constant. The prealloc requests wait for decode memory (no free slot), the transfer ones
-for their KV: SGLang polls every one of them each call.
+same work: two prealloc requests fail (``record_failure`` + ``update_status(Failed)``)
+and the KV of two transfer requests lands (their metadata row written, untimed, then
+``update_status(Success)``), all through the arm's ``update_status``; then
+``pop_preallocated`` and ``pop_transferred`` run (SGLang aborts the two failed ones and
+commits the two that landed, freeing their metadata rows); four new requests join
+afterwards, outside the timing, so N stays constant. SGLang's error log lines for the
+failures are silenced (both arms). The prealloc requests wait for decode memory (no free
+slot), the transfer ones for their KV: SGLang polls every one of them each call.
 
 Prints the median per-iteration time of each arm and the enabled/disabled ratio of the
 medians. ``--quick`` only checks that the script works.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import statistics
 import sys
 import time
@@ -36,7 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "adapters" / "sglang" / "tests"))
 
-FAILED, WFI = 0, 2
+FAILED, WFI, SUCCESS = 0, 2, 4
 CONFIG = {  # nothing may expire while the queues are timed
     "decode": {
         "prealloc": {"Bootstrapping": 1e6, "WaitingForPrefill": 1e6, "WaitingForInput": 1e6},
@@ -83,11 +86,17 @@ class Arm:
         mgr = self.node.mgr
         pq, tq = self.side.prealloc, self.side.transfer
         doomed = [pq.queue[0].kv_receiver, pq.queue[1].kv_receiver]
-        doomed += [tq.queue[0].kv_receiver, tq.queue[1].kv_receiver]
+        landed = tq.queue[:2]
+        for dreq in landed:  # prefill wrote the metadata row with the KV (untimed)
+            self.node.metadata.bootstrap_room[dreq.metadata_buffer_index, 0] = (
+                dreq.req.bootstrap_room
+            )
         t0 = time.perf_counter()
         for receiver in doomed:
             mgr.record_failure(receiver.bootstrap_room, "transport error")
             self.update_status(mgr, receiver.bootstrap_room, FAILED)
+        for dreq in landed:
+            self.update_status(mgr, dreq.req.bootstrap_room, SUCCESS)
         self.pop_pre(pq)
         self.pop_tr(tq)
         elapsed = time.perf_counter() - t0
@@ -113,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from stallguard_sglang.testing import installed
 
     sgs.setup_context(0, 1, disaggregation_mode="decode")
+    logging.getLogger("sglang.srt.disaggregation.decode").setLevel(logging.CRITICAL)
     pre, tr = decode_mod.DecodePreallocQueue, decode_mod.DecodeTransferQueue
     plain = (CommonKVManager.update_status, pre.pop_preallocated, tr.pop_transferred)
     with installed(CONFIG):
@@ -131,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(arm.iterate())
         guards = [arms["enabled"].side.prealloc._stallguard_decode_guard]
         guards.append(arms["enabled"].side.transfer._stallguard_decode_guard)
-        assert all(len(g.entries) == args.n for g in guards), "the enabled arm is not guarded"
+        sizes = [(len(g.entries), len(g.wd)) for g in guards]
+        # (the two requests of each queue that joined after the last call are not enrolled yet)
+        expected = (args.n - 2, args.n - 2)
+        assert all(s == expected for s in sizes), f"the enabled arm is not guarded: {sizes}"
     gc.collect()
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"| N | disabled | enabled | enabled/disabled |  (sglang {sgs.sglang_version()})")

@@ -560,6 +560,9 @@ class _TimeStats:
 
     trace_ctx = SimpleNamespace(tracing_enable=False)
 
+    def set_bootstrap_done_time(self) -> None:  # called per waiting request per poll
+        return None
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith(("set_", "reset_")):
             return lambda *a, **k: None
