@@ -128,14 +128,32 @@ def test_decode_support_table_rows():
 
 
 def test_hook_plan():
-    targets = {target for target, _, _ in hook_plan(Config())}
-    assert targets == {
-        "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
-        "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
-        "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status",
-        "sglang.srt.disaggregation.common.conn.CommonKVReceiver.init",
+    from stallguard_sglang import _decode, _hooks
+
+    update_status = "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status"
+    decode_only = hook_plan(Config())
+    assert {target: (fn, kind) for target, fn, kind in decode_only} == {
+        "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated": (
+            _decode.prealloc_around,
+            "around",
+        ),
+        "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred": (
+            _decode.transfer_around,
+            "around",
+        ),
+        update_status: (_decode.update_status_after, "after"),
+        "sglang.srt.disaggregation.common.conn.CommonKVReceiver.init": (
+            _decode.receiver_init_after,
+            "after",
+        ),
     }
-    assert {kind for _, _, kind in hook_plan(Config())} == {"around", "after"}
+    # with the prefill side's hooks: update_status is hooked once, by both sides
+    both = hook_plan(Config(), _hooks.hook_plan(Config(), "0.5.23"))
+    targets = [target for target, _, _ in both]
+    assert len(targets) == len(set(targets))
+    assert (update_status, _decode.update_status_around, "around") in both
+    prefill = _hooks.hook_plan(Config(), "0.5.23")
+    assert hook_plan(parse({"mode": "off"}), prefill) == prefill
     assert hook_plan(parse({"mode": "off"})) == []
 
 

@@ -44,6 +44,7 @@ from . import _metrics
 from ._config import DECODE_PHASES, Config
 from ._guard import QueueMembership, _attributes, _trace_parent
 from ._hooks import Site, _tp_rank, around_queue
+from ._hooks import update_status_around as _prefill_update_status
 from ._profiles import decode_deadlines, decode_support_table, format_support_table
 from ._runtime import Runtime, report_error, runtime
 
@@ -410,14 +411,38 @@ def receiver_init_after(result: Any, receiver: Any, *args: Any, **kwargs: Any) -
     return None
 
 
-def hook_plan(config: Config) -> list[tuple[str, Callable[..., Any], str]]:
-    """The decode hooks *config* needs: ``(target, function, "around" | "after")``.
-    Empty when ``[decode] mode = "off"``."""
+def update_status_around(
+    original: Callable[..., Any], mgr: Any, bootstrap_room: Any, status: Any
+) -> Any:
+    """AROUND hook of ``CommonKVManager.update_status`` when both sides need it: the
+    prefill side's capture (:func:`stallguard_sglang._hooks.update_status_around`), then
+    the decode side's (:func:`update_status_after`). One hook per target, so the method
+    is wrapped once."""
+    result = _prefill_update_status(original, mgr, bootstrap_room, status)
+    update_status_after(result, mgr, bootstrap_room, status)
+    return result
+
+
+def hook_plan(
+    config: Config, plan: list[tuple[str, Callable[..., Any], str]] | None = None
+) -> list[tuple[str, Callable[..., Any], str]]:
+    """*plan* (the prefill side's hooks) plus the decode hooks *config* needs:
+    ``(target, function, "around" | "after")``, one entry per target. Unchanged when
+    ``[decode] mode = "off"``."""
+    plan = list(plan or [])
     if config.decode.mode == "off":
-        return []
-    return [
+        return plan
+    for i, (target, fn, _) in enumerate(plan):
+        if target == UPDATE_STATUS_TARGET:
+            if fn is not _prefill_update_status:
+                raise ValueError(f"unexpected update_status hook {fn!r}")
+            plan[i] = (UPDATE_STATUS_TARGET, update_status_around, "around")
+            break
+    else:
+        plan.append((UPDATE_STATUS_TARGET, update_status_after, "after"))
+    plan += [
         (PREALLOC_TARGET, prealloc_around, "around"),
         (TRANSFER_TARGET, transfer_around, "around"),
-        (UPDATE_STATUS_TARGET, update_status_after, "after"),
         (RECEIVER_INIT_TARGET, receiver_init_after, "after"),
     ]
+    return plan

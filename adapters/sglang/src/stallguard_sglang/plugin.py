@@ -94,7 +94,7 @@ def install(config: Config, *, via: str = "plugins") -> None:
             SUPPORTED_SGLANG,
         )
     _runtime.set_runtime(_runtime.Runtime(config, version=version))
-    plan = _hooks.hook_plan(config, version) + _decode.hook_plan(config)
+    plan = _decode.hook_plan(config, _hooks.hook_plan(config, version))
     if via == "plugins":
         from sglang.srt.plugins.hook_registry import (  # type: ignore[import-untyped]
             HookRegistry,
