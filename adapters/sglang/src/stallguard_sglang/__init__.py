@@ -1,4 +1,5 @@
-"""stallguard for SGLang: per-state deadlines for the prefill KV senders.
+"""stallguard for SGLang: per-state deadlines for the prefill KV senders and the decode
+queues.
 
 Install ``stallguard-sglang`` next to SGLang and set ``STALLGUARD_SGLANG_CONFIG`` to a
 TOML file (or ``STALLGUARD_SGLANG=1`` for the defaults). SGLang's plugin loader then
@@ -63,8 +64,12 @@ __all__ = [
     "BackendProfile",
     "BootstrapQueueConfig",
     "Config",
+    "DECODE_PHASES",
+    "DecodeConfig",
     "PrefillConfig",
     "SupportRow",
+    "decode_deadlines",
+    "decode_support_table",
     "effective_deadlines",
     "format_support_table",
     "install",
@@ -86,12 +91,16 @@ _LAZY = {
     "ENV_ENABLE": "._config",
     "BootstrapQueueConfig": "._config",
     "Config": "._config",
+    "DECODE_PHASES": "._config",
+    "DecodeConfig": "._config",
     "PrefillConfig": "._config",
     "load_config": "._config",
     "parse_config": "._config",
     "PROFILES": "._profiles",
     "BackendProfile": "._profiles",
     "SupportRow": "._profiles",
+    "decode_deadlines": "._profiles",
+    "decode_support_table": "._profiles",
     "effective_deadlines": "._profiles",
     "format_support_table": "._profiles",
     "sglang_settings": "._profiles",
@@ -130,8 +139,9 @@ def __dir__() -> list[str]:
 
 def watchdogs() -> dict[tuple[str, str], list[Watchdog[Any]]]:
     """The watchdogs the adapter runs in this process, by ``(queue, backend)``
-    (``queue`` is ``"inflight"`` or ``"bootstrap"``): one per queue and backend seen, so
-    a scheduler process normally has two (its backend, and ``fake`` for warmup).
+    (``queue`` is ``"inflight"``, ``"bootstrap"``, ``"prealloc"`` or ``"transfer"``):
+    one per queue and backend seen, so a prefill scheduler process normally has two
+    (its backend, and ``fake`` for warmup), a decode one one per decode queue.
     Empty until the adapter is installed and a queue held requests."""
     from ._runtime import runtime
 

@@ -1,6 +1,6 @@
 """``python -m stallguard_sglang``: validate the adapter's configuration and print the
-support table (what SGLang bounds on its own, what stallguard enforces), without starting
-SGLang.
+support tables, prefill and decode (what SGLang bounds on its own, what stallguard
+enforces), without starting SGLang.
 
 The configuration is the file ``--config`` names, else what the environment asks for
 (``STALLGUARD_SGLANG_CONFIG`` / ``STALLGUARD_SGLANG``). Exit status:
@@ -23,7 +23,7 @@ from typing import NoReturn
 from stallguard import ConfigError
 
 from ._config import BACKENDS, ENV_CONFIG, ENV_ENABLE, load_config
-from ._profiles import format_support_table, support_table
+from ._profiles import decode_support_table, format_support_table, support_table
 from .package import SUPPORTED_SGLANG, is_supported, parse_version, sglang_version
 
 __all__ = [
@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SGLang: {version or 'not installed'} ({support}; supported {SUPPORTED_SGLANG})")
     rows = support_table(config, args.backend or list(BACKENDS), version=version)
     print(format_support_table(rows, version=version))
+    print()
+    print("decode queues (every backend; phases as in SGLang 0.5.23):")
+    print(format_support_table(decode_support_table(config), version=version, second="policy"))
     if version is None:
         print("stallguard-sglang: SGLang is not installed here", file=sys.stderr)
         return EXIT_SGLANG_MISSING

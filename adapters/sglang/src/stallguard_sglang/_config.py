@@ -28,6 +28,8 @@ __all__ = [
     "BACKENDS",
     "BootstrapQueueConfig",
     "Config",
+    "DECODE_PHASES",
+    "DecodeConfig",
     "ENV_CONFIG",
     "ENV_ENABLE",
     "LIVE_STATES",
@@ -42,6 +44,14 @@ ENV_CONFIG = "STALLGUARD_SGLANG_CONFIG"
 #: :data:`ENV_CONFIG` is set (a kill switch for operators).
 ENV_ENABLE = "STALLGUARD_SGLANG"
 
+#: The non-terminal phases of a decode request that take a deadline, per decode queue
+#: (``DecodePreallocQueue``, ``DecodeTransferQueue``); see docs/sglang.md.
+DECODE_PHASES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "prealloc": ("Bootstrapping", "WaitingForPrefill", "WaitingForInput"),
+        "transfer": ("WaitingForInput", "Transferring"),
+    }
+)
 #: Transfer backends with a profile (``--disaggregation-transfer-backend``; ``fake`` is
 #: also what warmup and health-check requests use on every backend).
 BACKENDS = ("nixl", "mooncake", "ascend", "mori", "fake")
@@ -96,17 +106,42 @@ class BootstrapQueueConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    """The ``[decode]`` table: deadlines for requests in SGLang's decode queues, per
+    phase, counted from when the request entered the queue (or the phase, for a later
+    phase).
+
+    Attributes:
+        mode: ``"enforce"`` fails overdue requests through SGLang's own failure path;
+            ``"report"`` only logs, traces and counts them; ``"off"`` installs nothing.
+        prealloc: ``[decode.prealloc]``: deadlines in ``DecodePreallocQueue`` by phase
+            (``Bootstrapping``, ``WaitingForPrefill``, ``WaitingForInput``).
+        transfer: ``[decode.transfer]``: deadlines in ``DecodeTransferQueue`` by phase
+            (``WaitingForInput``, ``Transferring``).
+
+        A phase the file does not set gets a default derived from SGLang's own
+        settings (see :func:`stallguard_sglang.decode_deadlines`).
+    """
+
+    mode: PrefillMode = "enforce"
+    prealloc: Mapping[str, Deadline] = field(default_factory=lambda: _frozen({}))
+    transfer: Mapping[str, Deadline] = field(default_factory=lambda: _frozen({}))
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration (see docs/sglang.md for the file format).
 
     Attributes:
         prefill: the ``[prefill]`` table.
         bootstrap_queue: the ``[bootstrap_queue]`` table.
+        decode: the ``[decode]`` table.
         source: where it came from: the file's path, or ``"STALLGUARD_SGLANG=1"``.
     """
 
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
     bootstrap_queue: BootstrapQueueConfig = field(default_factory=BootstrapQueueConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     source: str = "defaults"
 
 
@@ -172,12 +207,14 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Config
     Raises:
         stallguard.ConfigError: ``"<source>: [<table>] <key> = <value>: <what is wrong>"``.
     """
-    _only(data, ("prefill", "bootstrap_queue"), "", source)
+    _only(data, ("prefill", "bootstrap_queue", "decode"), "", source)
     prefill = _table(data, "prefill", source)
     boot = _table(data, "bootstrap_queue", source)
+    decode = _table(data, "decode", source)
     return Config(
         prefill=_prefill(prefill, source),
         bootstrap_queue=_bootstrap(boot, source),
+        decode=_decode(decode, source),
         source=source,
     )
 
@@ -305,3 +342,23 @@ def _bootstrap(table: Mapping[str, Any], source: str) -> BootstrapQueueConfig:
             )
         deadline = float(value)
     return BootstrapQueueConfig(mode=mode, deadline=deadline)
+
+
+def _decode(table: Mapping[str, Any], source: str) -> DecodeConfig:
+    _only(table, ("mode", *DECODE_PHASES), "decode", source)
+    mode = _mode(table, "decode", ("enforce", "report", "off"), source)
+    queues: dict[str, Mapping[str, Deadline]] = {}
+    for queue, phases in DECODE_PHASES.items():
+        where = f"decode.{queue}"
+        sub = _table(table, queue, source, "decode")
+        for phase, value in sub.items():
+            if phase in phases:
+                continue
+            if phase in TERMINAL_STATES:
+                hint = f"{phase} is terminal and takes no deadline"
+            else:
+                hint = f"not a phase of the decode {queue} queue{did_you_mean(phase, phases)}"
+            raise _error(source, where, phase, value, f"{hint}; phases: {', '.join(phases)}")
+        parsed = parse_deadlines(sub, source=source, prefix=where)
+        queues[queue] = _frozen({str(phase): deadline for phase, deadline in parsed.items()})
+    return DecodeConfig(mode=mode, prealloc=queues["prealloc"], transfer=queues["transfer"])

@@ -63,7 +63,7 @@ from ._profiles import (
 from ._runtime import Runtime
 from ._stats_export import LaneStats
 
-__all__ = ["ATTRIBUTE_PREFIX", "Entry", "Lane", "QueueGuard", "read_state"]
+__all__ = ["ATTRIBUTE_PREFIX", "Entry", "Lane", "QueueGuard", "QueueMembership", "read_state"]
 
 log = logging.getLogger("stallguard.sglang")
 
@@ -78,7 +78,7 @@ FAKE = "_stallguard_entry"  # on a FakeKVSender: its Entry
 
 _UNSEEN: Any = object()
 
-QueueKind = Literal["inflight", "bootstrap"]
+QueueKind = Literal["inflight", "bootstrap", "prealloc", "transfer"]
 
 
 class Lane:
@@ -242,7 +242,80 @@ def _trace_parent(req: Any) -> Any:
     return parent if isinstance(parent, dict) else None  # an opentelemetry Context
 
 
-class QueueGuard:
+class QueueMembership:
+    """Which requests are in one queue list, kept in step with it at O(new requests) per
+    call (see the module docstring); shared by the prefill and the decode queue guards.
+
+    Subclasses say how to enroll new items (:meth:`_enroll`, which must put each entry
+    in :attr:`entries` under :meth:`key`) and how to forget an entry (:meth:`_leave`).
+    """
+
+    def __init__(self) -> None:
+        #: key(item) -> the subclass's entry
+        self.entries: dict[int, Any] = {}
+        self.seen_list: list[Any] | None = None
+        self.seen_len = 0
+        self.seen_tail: Any = None
+        #: full rescans so far (for tests: the steady state never needs one)
+        self.rescans = 0
+
+    @staticmethod
+    def key(item: Any) -> int:
+        """An item's key: ``id()`` of the object SGLang's method returns when the item
+        leaves (the item itself here)."""
+        return id(item)
+
+    def sync(self, queue: list[Any]) -> None:
+        """Enroll the items that joined *queue* since the last call (the tail past what
+        was seen), or rescan it if it changed any other way."""
+        n = len(queue)
+        seen = self.seen_len
+        appended = queue is self.seen_list and n >= seen
+        if appended and (seen == 0 or queue[seen - 1] is self.seen_tail):
+            if n > seen:
+                self._enroll(queue[seen:])
+        else:
+            self._resync(queue)
+        self._remember(queue)
+
+    def after(self, queue: list[Any], before_len: int, left: list[Any]) -> None:
+        """Forget the items SGLang's call removed from the queue (*left*: the objects
+        :meth:`key` names, and any that left silently), and remember the new list."""
+        if left:
+            pop = self.entries.pop
+            leave = self._leave
+            for obj in left:
+                entry = pop(id(obj), None)
+                if entry is not None:
+                    leave(entry)
+        if len(queue) != before_len - len(left):
+            self._resync(queue)
+        self._remember(queue)
+
+    def _remember(self, queue: list[Any]) -> None:
+        self.seen_list = queue
+        self.seen_len = len(queue)
+        self.seen_tail = queue[-1] if queue else None
+
+    def _resync(self, queue: list[Any]) -> None:
+        """O(len(queue)): make the enrolled set exactly the queue's members."""
+        self.rescans += 1
+        key = self.key
+        present = {key(item) for item in queue}
+        for k in [k for k in self.entries if k not in present]:
+            self._leave(self.entries.pop(k))
+        new = [item for item in queue if key(item) not in self.entries]
+        if new:
+            self._enroll(new)
+
+    def _enroll(self, items: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _leave(self, entry: Any) -> None:
+        raise NotImplementedError
+
+
+class QueueGuard(QueueMembership):
     """Guards one queue list (see the module docstring)."""
 
     def __init__(
@@ -257,13 +330,9 @@ class QueueGuard:
         self.tp_rank = tp_rank
         #: SGLang's own scheduler metric labels (model_name, tp_rank, ...), for joins
         self.metric_labels: Mapping[str, str] = metric_labels or {}
-        self.entries: dict[int, Entry] = {}  # id(req) -> entry
+        QueueMembership.__init__(self)
         self.lanes: dict[str, Lane | None] = {}
         self.checks: tuple[Lane, ...] = ()
-        self.seen_list: list[Any] | None = None
-        self.seen_len = 0
-        self.seen_tail: Any = None
-        self.rescans = 0
         rt.guards.add(self)
 
     # ------------------------------------------------------------------ lanes
@@ -327,51 +396,13 @@ class QueueGuard:
         for lane in self.checks:
             if lane.events:
                 lane.apply_events()
-        n = len(queue)
-        seen = self.seen_len
-        appended = queue is self.seen_list and n >= seen
-        if appended and (seen == 0 or queue[seen - 1] is self.seen_tail):
-            if n > seen:
-                self._enroll(queue[seen:])
-        else:
-            self._resync(queue)
-        self.seen_list = queue
-        self.seen_len = n
-        self.seen_tail = queue[-1] if n else None
+        self.sync(queue)
         for lane in self.checks:
             now = lane.clock()
             lane.wd.check(now)  # enforce: QueueGuard.on_expire fails what is overdue
             lane.stats.tick(now)  # time in state to /metrics, about once a second
 
-    def after(self, queue: list[Any], before_len: int, left: list[Any]) -> None:
-        """Forget the requests SGLang's call removed from the queue (*left*, and any
-        that left silently), and remember the new list."""
-        if left:
-            pop = self.entries.pop
-            leave = self._leave
-            for req in left:
-                entry = pop(id(req), None)
-                if entry is not None:
-                    leave(entry)
-        if len(queue) != before_len - len(left):
-            self._resync(queue)
-        self.seen_list = queue
-        self.seen_len = len(queue)
-        self.seen_tail = queue[-1] if queue else None
-
     # ------------------------------------------------------------------ membership
-
-    def _resync(self, queue: list[Any]) -> None:
-        """O(len(queue)): make the enrolled set exactly the queue's members."""
-        self.rescans += 1
-        present = {id(req) for req in queue}
-        gone = [entry for rid, entry in self.entries.items() if rid not in present]
-        for entry in gone:
-            del self.entries[id(entry.req)]
-            self._leave(entry)
-        new = [req for req in queue if id(req) not in self.entries]
-        if new:
-            self._enroll(new)
 
     def _enroll(self, reqs: list[Any]) -> None:
         rt = self.rt

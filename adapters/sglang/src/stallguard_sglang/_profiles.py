@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from stallguard import Deadline
 
-from ._config import BACKENDS, LIVE_STATES, Config, PrefillConfig
+from ._config import BACKENDS, DECODE_PHASES, LIVE_STATES, Config, DecodeConfig, PrefillConfig
 from .package import nixl_has_bootstrap_timeout, parse_version, sglang_version
 
 __all__ = [
@@ -22,6 +22,8 @@ __all__ = [
     "SupportRow",
     "bootstrap_queue_deadline",
     "bootstrap_queue_guarded",
+    "decode_deadlines",
+    "decode_support_table",
     "effective_deadlines",
     "format_support_table",
     "sglang_settings",
@@ -282,9 +284,12 @@ def support_table(
     return rows
 
 
-def format_support_table(rows: list[SupportRow], *, version: str | None = None) -> str:
-    """The table as aligned text lines, as logged at startup."""
-    header = ("queue", "backend", "state", f"SGLang {version or '?'} bounds it", "stallguard")
+def format_support_table(
+    rows: list[SupportRow], *, version: str | None = None, second: str = "backend"
+) -> str:
+    """The table as aligned text lines, as logged at startup (*second* names the second
+    column: ``"policy"`` for :func:`decode_support_table`'s rows)."""
+    header = ("queue", second, "state", f"SGLang {version or '?'} bounds it", "stallguard")
     table = [header] + [(r.queue, r.backend, r.state, r.sglang, r.stallguard) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     lines = [
@@ -293,3 +298,83 @@ def format_support_table(rows: list[SupportRow], *, version: str | None = None) 
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode_deadlines(
+    decode: DecodeConfig | Config,
+    queue: str,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Deadline]:
+    """The deadline of each phase of a request in decode queue *queue* (``"prealloc"``
+    or ``"transfer"``), counted from when the request entered the queue, or the phase.
+
+    Precedence: ``[decode.<queue>]``, then defaults derived from SGLang's settings
+    (:func:`sglang_settings`):
+
+    * prealloc ``Bootstrapping`` and ``WaitingForInput``:
+      ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``: the prefill's own sender for the
+      room gives up after that long in ``Bootstrapping`` (its clock starts when the
+      request reaches prefill, about when it reaches decode), and it stays there until
+      decode sends its metadata (``early``), so a decode request still waiting by then
+      waits for nothing;
+    * prealloc ``WaitingForPrefill``, transfer ``WaitingForInput`` and ``Transferring``:
+      ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT``, SGLang's own bound on the first two.
+
+    Raises:
+        ValueError: for an unknown *queue*.
+    """
+    if isinstance(decode, Config):
+        decode = decode.decode
+    if queue not in DECODE_PHASES:
+        raise ValueError(f"unknown decode queue {queue!r}; known: {', '.join(DECODE_PHASES)}")
+    settings = sglang_settings(environ)
+    boot = _positive(settings["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"])
+    waiting = _positive(settings["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"])
+    if queue == "prealloc":
+        out = {"Bootstrapping": boot, "WaitingForPrefill": waiting, "WaitingForInput": boot}
+        out.update(decode.prealloc)
+    else:
+        out = {"WaitingForInput": waiting, "Transferring": waiting}
+        out.update(decode.transfer)
+    return out
+
+
+def _decode_native(queue: str, phase: str, settings: dict[str, float]) -> list[tuple[str, str]]:
+    """(allocation policy, what SGLang 0.5.23 does about a decode request stuck in
+    *phase*) pairs; docs/sglang.md cites the code."""
+    seconds = settings["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"]
+    waiting = f"SGLANG_DISAGGREGATION_WAITING_TIMEOUT={seconds:g}s"
+    both = "early, prefill_complete"
+    if queue == "prealloc" and phase == "Bootstrapping":
+        return [(both, "no: a room the bootstrap server never learns stays pending")]
+    if queue == "prealloc" and phase == "WaitingForPrefill":
+        return [("prefill_complete", f"yes: {waiting} since init()")]
+    if queue == "prealloc":
+        return [(both, "no: waits for decode memory with no clock")]
+    if phase == "WaitingForInput":
+        return [(both, f"yes: {waiting} since send_metadata, then pages held up to 30s more")]
+    return [(both, "no: Success held back by the metadata gate or HiCache has no clock")]
+
+
+def decode_support_table(
+    config: Config, environ: Mapping[str, str] | None = None
+) -> list[SupportRow]:
+    """Per decode queue, phase and allocation policy: what SGLang 0.5.23 bounds on its
+    own, and the deadline stallguard enforces with *config*. The ``backend`` column
+    holds the allocation policy (the decode phases are the same on every backend)."""
+    settings = sglang_settings(environ)
+    mode = config.decode.mode
+    rows: list[SupportRow] = []
+    for queue, phases in DECODE_PHASES.items():
+        deadlines = decode_deadlines(config, queue, environ)
+        for phase in phases:
+            if mode == "off":
+                ours = "not guarded (decode.mode=off)"
+            else:
+                ours = _render(deadlines[phase]) + (" (report)" if mode == "report" else "")
+            for policy, native in _decode_native(queue, phase, settings):
+                rows.append(SupportRow(queue, policy, phase, native, ours))
+    return rows

@@ -79,7 +79,7 @@ def install(config: Config, *, via: str = "plugins") -> None:
                 config.source,
             )
         return
-    from . import _hooks, _runtime
+    from . import _decode, _hooks, _runtime
 
     version = sglang_version()
     try:
@@ -94,7 +94,7 @@ def install(config: Config, *, via: str = "plugins") -> None:
             SUPPORTED_SGLANG,
         )
     _runtime.set_runtime(_runtime.Runtime(config, version=version))
-    plan = _hooks.hook_plan(config, version)
+    plan = _decode.hook_plan(config, _hooks.hook_plan(config, version))
     if via == "plugins":
         from sglang.srt.plugins.hook_registry import (  # type: ignore[import-untyped]
             HookRegistry,
@@ -112,12 +112,13 @@ def install(config: Config, *, via: str = "plugins") -> None:
         raise ValueError(f"via must be 'plugins' or 'patch', got {via!r}")
     _installed = config
     log.info(
-        "stallguard-sglang active on SGLang %s (config %s; prefill %s, bootstrap queue %s; "
-        "%d hooks via %s)",
+        "stallguard-sglang active on SGLang %s (config %s; prefill %s, bootstrap queue %s, "
+        "decode %s; %d hooks via %s)",
         version,
         config.source,
         config.prefill.mode,
         config.bootstrap_queue.mode,
+        config.decode.mode,
         len(plan),
         via,
     )

@@ -1,0 +1,448 @@
+"""The decode side: per-phase deadlines for the requests in SGLang's decode queues.
+
+A decode request waits in ``DecodePreallocQueue.queue`` (and, before ``init()``, in its
+``pending_reqs``, which shares the same ``DecodeRequest`` objects) until decode memory is
+allocated and its metadata sent, then in ``DecodeTransferQueue.queue`` until its KV has
+landed. Its phases (docs/sglang.md has the table, with what SGLang bounds on its own):
+
+* prealloc ``Bootstrapping``: ``init()`` not called yet (the bootstrap server does not
+  know the room yet);
+* prealloc ``WaitingForPrefill``: ``init()`` called, receiver still ``Bootstrapping``
+  (``prefill_complete``: waiting for the prefill forward pass);
+* prealloc ``WaitingForInput``: handshake done, waiting for decode memory;
+* transfer ``WaitingForInput``: metadata sent, waiting for the KV;
+* transfer ``Transferring``: the receiver concluded ``Success`` but the queue still holds
+  it (metadata gate, HiCache restore).
+
+The mechanism is the thin one: one :class:`~stallguard.Watchdog` per queue, keyed by one
+entry per stay in the queue; the phase is observed (``observe(..., at=)``) where SGLang
+changes it (``CommonKVManager.update_status`` and ``CommonKVReceiver.init``, AFTER hooks,
+any thread) and at enrollment; the queue method's AROUND hook enrolls the requests that
+joined, runs ``check()`` once, calls SGLang's method and forgets the requests that left.
+No scheduling of its own.
+
+A forced failure does what SGLang's own waiting timeout does: ``record_failure``, room
+``Failed`` (and the receiver latched ``Failed``, so ``init()`` of a pending request is a
+no-op and a ``Success`` held back by the gate is failed too), and
+``ensure_abort_notified()`` (the ABORT to prefill, where ``init()`` created a bootstrap;
+drain ACKs armed once metadata was sent). The queue list is never touched: SGLang's next
+poll, MIN all-reduced over the ranks, concludes it on every rank and frees pages, slot
+and metadata buffer (or holds them in its deferred release until prefill ACKs the drain
+or ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`` passes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from stallguard import Expiry, Spec, Watchdog
+
+from . import _metrics
+from ._config import DECODE_PHASES, Config
+from ._guard import QueueMembership, _attributes, _trace_parent
+from ._hooks import Site, _tp_rank, around_queue
+from ._hooks import update_status_around as _prefill_update_status
+from ._profiles import decode_deadlines, decode_support_table, format_support_table
+from ._runtime import Runtime, report_error, runtime
+
+__all__ = [
+    "PREALLOC_TARGET",
+    "RECEIVER_INIT_TARGET",
+    "TRANSFER_TARGET",
+    "UPDATE_STATUS_TARGET",
+    "hook_plan",
+]
+
+log = logging.getLogger("stallguard.sglang")
+
+PREALLOC_TARGET = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
+TRANSFER_TARGET = "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred"
+RECEIVER_INIT_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVReceiver.init"
+UPDATE_STATUS_TARGET = "sglang.srt.disaggregation.common.conn.CommonKVManager.update_status"
+
+_FAILED, _BOOTSTRAPPING, _WAITING, _TRANSFERRING, _SUCCESS = range(5)
+
+# Attributes the adapter sets on SGLang objects (names nobody else uses).
+_ROOMS = "_stallguard_decode_rooms"  # on a decode CommonKVManager: room -> _Entry
+_ENTRY = "_stallguard_decode_entry"  # on a CommonKVReceiver: its _Entry
+_GUARD = "_stallguard_decode_guard"  # on a DecodePreallocQueue / DecodeTransferQueue
+
+_TABLE_LOGGED = "_stallguard_decode_table_logged"  # on the Runtime
+
+
+def _prealloc_phase(receiver: Any, status: int | None) -> str:
+    if status is None or status == _FAILED:
+        return "Failed"
+    if status == _SUCCESS:
+        return "Success"
+    if status == _BOOTSTRAPPING:
+        # init() resolved the prefill and created its bootstrap: waiting for prefill
+        if getattr(receiver, "bootstrap_infos", None) is not None:
+            return "WaitingForPrefill"
+        return "Bootstrapping"
+    return "WaitingForInput"  # decode receivers never report Transferring
+
+
+def _transfer_phase(receiver: Any, status: int | None) -> str:
+    if status is None or status == _FAILED:
+        return "Failed"
+    if status == _SUCCESS:
+        return "Transferring"  # concluded, but still queued: gate or HiCache holds it
+    return "WaitingForInput"
+
+
+class _Entry:
+    """One ``DecodeRequest``'s stay in one decode queue, and its key in the watchdog
+    (shown as the rid)."""
+
+    __slots__ = (
+        "backend",
+        "dreq",
+        "forced",
+        "guard",
+        "live",
+        "mgr",
+        "rank",
+        "receiver",
+        "rid",
+        "room",
+    )
+
+    def __init__(self, guard: _DecodeGuard, dreq: Any, receiver: Any, backend: str) -> None:
+        self.guard = guard
+        self.dreq: Any = dreq
+        self.rid = dreq.req.rid
+        self.receiver: Any = receiver
+        self.mgr: Any = receiver.kv_mgr
+        self.room = receiver.bootstrap_room
+        self.backend = backend
+        self.live = True
+        #: the position of the phase last observed in the queue's phase order (phases
+        #: only move forward: update_status keeps the max, Failed is terminal)
+        self.rank = 0
+        #: the failure reason, once stallguard failed the request
+        self.forced: str | None = None
+
+    def status(self) -> int | None:
+        """The receiver's local state now (None: its room was cleared)."""
+        state = self.receiver.conclude_state
+        if state is not None:
+            return int(state)
+        status = self.mgr.request_status.get(self.room)
+        return None if status is None else int(status)
+
+    def __repr__(self) -> str:
+        return repr(self.rid)
+
+    def __str__(self) -> str:
+        return str(self.rid)
+
+
+class _DecodeGuard(QueueMembership):
+    """Guards one decode queue list: its watchdog, its entries, their phases."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        kind: str,
+        tp_rank: int | None,
+        metric_labels: dict[str, str] | None = None,
+    ) -> None:
+        config = rt.config
+        self.rt = rt
+        self.kind = kind  # "prealloc" | "transfer"
+        self.tp_rank = tp_rank
+        #: SGLang's own scheduler metric labels (model_name, tp_rank, ...), for joins
+        self.metric_labels: dict[str, str] = metric_labels or {}
+        self.phase_of: Callable[[Any, int | None], str] = (
+            _prealloc_phase if kind == "prealloc" else _transfer_phase
+        )
+        order = ("", *DECODE_PHASES[kind])
+        self.order = {phase: i for i, phase in enumerate(order)}
+        self.order["Success"] = self.order["Failed"] = len(order)
+        mode = config.decode.mode
+        terminal = ("Success", "Failed") if kind == "prealloc" else ("Failed",)
+        spec = Spec(
+            name=f"sglang.decode.{kind}",
+            deadlines=decode_deadlines(config, kind),
+            terminal=terminal,
+        )
+        self.wd: Watchdog[_Entry] = Watchdog(
+            spec,
+            clock=rt.clock,
+            on_expire=self._on_expire if mode == "enforce" else None,
+            mode=mode,  # type: ignore[arg-type]
+            memory=1,  # keys are unique per stay; a left entry is never observed again
+        )
+        self.clock = self.wd.clock
+        self.lock = threading.Lock()  # phase updates come from transfer threads too
+        QueueMembership.__init__(self)  # entries: id(DecodeRequest.req) -> _Entry
+        self.backend: str | None = None
+        rt.guards.add(self)  # type: ignore[arg-type]
+
+    @property
+    def watchdogs(self) -> dict[str, Watchdog[Any]]:
+        """This queue's watchdog, under the backend of its requests."""
+        return {self.backend or "decode": self.wd}
+
+    # ------------------------------------------------------------------ phases
+
+    def refresh(self, entry: _Entry, at: float) -> None:
+        """Observe *entry*'s phase as of *at* if it moved forward (any thread)."""
+        with self.lock:
+            if not entry.live:
+                return
+            phase = self.phase_of(entry.receiver, entry.status())
+            rank = self.order[phase]
+            if rank <= entry.rank:
+                return
+            entry.rank = rank
+            self.wd.observe(entry, phase, at=at)
+
+    # ------------------------------------------------------------------ around a call
+
+    @staticmethod
+    def key(item: Any) -> int:
+        """A ``DecodeRequest``'s key: its ``Req`` (what ``pop_transferred`` returns)."""
+        return id(item.req)
+
+    def before(self, queue: list[Any]) -> None:
+        """Enroll what joined *queue* since the last call, then check deadlines once."""
+        self.sync(queue)
+        expiries = self.wd.check(self.clock())
+        if expiries and self.wd.mode == "report":
+            for expiry in expiries:
+                key = expiry.key
+                _metrics.count(
+                    "reported", self.kind, key.backend, expiry.state_label, self.metric_labels
+                )
+
+    # ------------------------------------------------------------------ membership
+
+    def _enroll(self, dreqs: list[Any]) -> None:
+        rt = self.rt
+        now = self.clock()
+        for dreq in dreqs:
+            key = id(dreq.req)
+            if key in self.entries:
+                continue
+            receiver = getattr(dreq, "kv_receiver", None)
+            if receiver is None or not hasattr(receiver, "kv_mgr"):
+                continue
+            backend = rt.backend_of(receiver)
+            if backend is None or backend == "fake":
+                continue  # a FakeKVReceiver concludes on its own; nothing to wait for
+            if self.backend is None:
+                self.backend = backend
+            entry = _Entry(self, dreq, receiver, backend)
+            self.entries[key] = entry
+            rooms = getattr(entry.mgr, _ROOMS, None)
+            if rooms is None:
+                rooms = {}
+                setattr(entry.mgr, _ROOMS, rooms)
+            rooms[entry.room] = entry
+            setattr(receiver, _ENTRY, entry)
+            # (read after the entry is reachable from the hooks: a change this read
+            # misses is observed by the hook)
+            self.refresh(entry, now)
+            attributes = _attributes(
+                rid=str(entry.rid),
+                bootstrap_room=entry.room,
+                backend=backend,
+                tp_rank=self.tp_rank,
+                queue=self.kind,
+            )
+            self.wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(dreq.req))
+
+    def _leave(self, entry: Any) -> None:
+        with self.lock:
+            entry.live = False
+        self.wd.forget(entry, remember=False)
+        rooms = getattr(entry.mgr, _ROOMS, None)
+        if rooms is not None and rooms.get(entry.room) is entry:
+            del rooms[entry.room]
+        receiver = entry.receiver
+        if getattr(receiver, _ENTRY, None) is entry:
+            setattr(receiver, _ENTRY, None)
+        # the watchdog may keep the key a little longer: not the request with it
+        entry.dreq = entry.receiver = entry.mgr = None
+
+    # ------------------------------------------------------------------ enforcement
+
+    def _on_expire(self, expiry: Expiry[Any]) -> None:
+        entry = expiry.key
+        if not isinstance(entry, _Entry) or not entry.live or entry.forced is not None:
+            return
+        status = entry.status()
+        if status is None or status == _FAILED or (self.kind == "prealloc" and status == _SUCCESS):
+            log.info(
+                "stallguard-sglang: %s concluded as its decode deadline fired; not failing it",
+                entry.rid,
+            )
+            return
+        reason = (
+            f"stallguard: request {entry.rid} (bootstrap_room {entry.room}, "
+            f"{entry.backend}) spent {expiry.elapsed:.1f}s in {expiry.state_label} in "
+            f"the decode {self.kind} queue, past its {expiry.deadline:g}s deadline"
+        )
+        entry.forced = reason
+        fail_receiver(entry.receiver, reason)
+        _metrics.count("forced", self.kind, entry.backend, expiry.state_label, self.metric_labels)
+
+
+def fail_receiver(receiver: Any, reason: str) -> None:
+    """Fail a decode ``CommonKVReceiver`` the way SGLang's waiting timeout does: record
+    the reason, mark the room Failed, latch the receiver Failed, and tell the prefill
+    (``ensure_abort_notified``: only once ``init()`` created a bootstrap; it also arms
+    the drain ACK once metadata was sent). SGLang's next poll concludes it."""
+    mgr = receiver.kv_mgr
+    room = receiver.bootstrap_room
+    mgr.record_failure(room, reason)
+    mgr.update_status(room, _FAILED)
+    receiver.conclude_state = _FAILED
+    notify = getattr(receiver, "ensure_abort_notified", None)
+    if notify is not None:
+        try:
+            notify()
+        except Exception:  # best effort, as SGLang's own notification is
+            log.exception("stallguard-sglang: could not tell prefill about room %s", room)
+
+
+# --------------------------------------------------------------------------- the hooks
+
+
+def _guard(queue_obj: Any, kind: str) -> _DecodeGuard | None:
+    """*queue_obj*'s guard, created at its first call; None when the decode side is off
+    (or the adapter not installed)."""
+    guard: _DecodeGuard | None = getattr(queue_obj, _GUARD, None)
+    if guard is not None:
+        return guard
+    rt = runtime()
+    if rt is None or rt.config.decode.mode == "off":
+        return None
+    try:
+        _log_table(rt)
+        sched = getattr(queue_obj, "scheduler", None)
+        tp_rank = _tp_rank(sched)
+        labels = _metrics.prepare(_metrics.scheduler_labels(sched, tp_rank))
+        guard = _DecodeGuard(rt, kind, tp_rank, labels)
+        setattr(queue_obj, _GUARD, guard)
+        return guard
+    except Exception:
+        report_error(f"setting up the decode {kind} queue guard")
+        return None
+
+
+def _log_table(rt: Runtime) -> None:
+    """Log the decode support table once per process (at the first decode queue call)."""
+    if getattr(rt, _TABLE_LOGGED, False):
+        return
+    setattr(rt, _TABLE_LOGGED, True)
+    rows = decode_support_table(rt.config)
+    log.info(
+        "stallguard-sglang: decode deadlines (config %s):\n%s",
+        rt.config.source,
+        format_support_table(rows, version=rt.version, second="policy"),
+    )
+
+
+def _preallocated(result: Any) -> list[Any]:
+    # pop_preallocated returns (preallocated, failed) DecodeRequests; guards key by Req
+    parts = result if isinstance(result, tuple) else ()
+    return [dreq.req for part in parts for dreq in part]
+
+
+PREALLOC = Site(
+    kind="prealloc",
+    method="pop_preallocated",
+    guard_attr=_GUARD,
+    queue_attr="queue",
+    scheduler=lambda q: getattr(q, "scheduler", None),
+    left=_preallocated,
+)
+TRANSFER = Site(
+    kind="transfer",
+    method="pop_transferred",
+    guard_attr=_GUARD,
+    queue_attr="queue",
+    scheduler=lambda q: getattr(q, "scheduler", None),
+    left=list,  # the Reqs whose KV arrived (failed ones leave silently: a rescan)
+)
+
+
+def prealloc_around(original: Callable[..., Any], q: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook of ``DecodePreallocQueue.pop_preallocated``."""
+    if _guard(q, "prealloc") is None:
+        return original(q, *args, **kwargs)
+    return around_queue(PREALLOC, original, q, *args, **kwargs)
+
+
+def transfer_around(original: Callable[..., Any], q: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook of ``DecodeTransferQueue.pop_transferred``."""
+    if _guard(q, "transfer") is None:
+        return original(q, *args, **kwargs)
+    return around_queue(TRANSFER, original, q, *args, **kwargs)
+
+
+def update_status_after(
+    result: Any, mgr: Any, bootstrap_room: Any, *args: Any, **kwargs: Any
+) -> None:
+    """AFTER hook of ``CommonKVManager.update_status``: observe an enrolled decode room's
+    new phase (any thread)."""
+    rooms = getattr(mgr, _ROOMS, None)
+    if rooms:
+        entry = rooms.get(bootstrap_room)
+        if entry is not None:
+            guard = entry.guard
+            guard.refresh(entry, guard.clock())
+    return None
+
+
+def receiver_init_after(result: Any, receiver: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook of ``CommonKVReceiver.init``: ``Bootstrapping`` -> ``WaitingForPrefill``
+    changes no status, so the hook observes it here."""
+    entry = getattr(receiver, _ENTRY, None)
+    if entry is not None:
+        guard = entry.guard
+        guard.refresh(entry, guard.clock())
+    return None
+
+
+def update_status_around(
+    original: Callable[..., Any], mgr: Any, bootstrap_room: Any, status: Any
+) -> Any:
+    """AROUND hook of ``CommonKVManager.update_status`` when both sides need it: the
+    prefill side's capture (:func:`stallguard_sglang._hooks.update_status_around`), then
+    the decode side's (:func:`update_status_after`). One hook per target, so the method
+    is wrapped once."""
+    result = _prefill_update_status(original, mgr, bootstrap_room, status)
+    update_status_after(result, mgr, bootstrap_room, status)
+    return result
+
+
+def hook_plan(
+    config: Config, plan: list[tuple[str, Callable[..., Any], str]] | None = None
+) -> list[tuple[str, Callable[..., Any], str]]:
+    """*plan* (the prefill side's hooks) plus the decode hooks *config* needs:
+    ``(target, function, "around" | "after")``, one entry per target. Unchanged when
+    ``[decode] mode = "off"``."""
+    plan = list(plan or [])
+    if config.decode.mode == "off":
+        return plan
+    for i, (target, fn, _) in enumerate(plan):
+        if target == UPDATE_STATUS_TARGET:
+            if fn is not _prefill_update_status:
+                raise ValueError(f"unexpected update_status hook {fn!r}")
+            plan[i] = (UPDATE_STATUS_TARGET, update_status_around, "around")
+            break
+    else:
+        plan.append((UPDATE_STATUS_TARGET, update_status_after, "after"))
+    plan += [
+        (PREALLOC_TARGET, prealloc_around, "around"),
+        (TRANSFER_TARGET, transfer_around, "around"),
+        (RECEIVER_INIT_TARGET, receiver_init_after, "after"),
+    ]
+    return plan

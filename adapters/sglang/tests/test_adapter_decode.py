@@ -1,0 +1,276 @@
+"""stallguard-sglang on the REAL SGLang 0.5.23 decode queues (issue 13).
+
+Real (sglang_decode_support.py says what stands in for the GPU memory pools): a prefill
+process with SGLang's bootstrap server and two NIXL prefill ranks (DP 2, round_robin),
+the decode ``NixlKVManager`` in DECODE mode, ``NixlKVReceiver``s,
+``DecodePreallocQueue.pop_preallocated``, ``DecodeTransferQueue.pop_transferred``,
+``resolve_deferred_releases``, ``MetadataBuffers``, NIXL transfers over UCX/TCP.
+
+stallguard's clock is a FakeClock; SGLang's own timeouts run on the wall clock at their
+300 s defaults, far beyond these tests.
+
+Slow: the two processes import SGLang and start NIXL agents (about 15 s on an idle
+2-core machine, much more on a loaded one); the tests share them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sglang_decode_support as ds
+import sglang_support as sgs
+
+SKIP = sgs.skip_reason("0.5.23")
+pytestmark = [
+    pytest.mark.sglang,
+    pytest.mark.slow,
+    pytest.mark.skipif(SKIP is not None, reason=SKIP or ""),
+]
+
+T0 = 1000.0
+BOOTSTRAPPING, WFI, SUCCESS = 1, 2, 4
+# distinct deadlines, so that a failure says which phase fired
+PREALLOC = {"Bootstrapping": 30, "WaitingForPrefill": 40, "WaitingForInput": 5}
+TRANSFER = {"WaitingForInput": 10, "Transferring": 15}
+CONFIG = {"decode": {"prealloc": PREALLOC, "transfer": TRANSFER}}
+
+
+@pytest.fixture(scope="module")
+def peer():
+    p = ds.PrefillPeer("early")
+    try:
+        import sglang.srt.disaggregation.decode  # noqa: F401  (import while it starts)
+
+        p.wait_ready()
+        ds.install_decode_context(p.port, "early")
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture(scope="module")
+def node(peer):
+    return ds.DecodeNode(peer.addr)
+
+
+@contextlib.contextmanager
+def guarded(config=CONFIG):
+    from stallguard_sglang.testing import installed
+
+    from stallguard.testing import FakeClock, record_expiries
+
+    clock = FakeClock(T0)
+    with installed(config, clock=clock), record_expiries() as expiries:
+        yield clock, expiries
+
+
+@pytest.fixture
+def side(node):
+    s = ds.DecodeSide(node, free_slots=2)
+    yield s
+    s.close()
+
+
+def forced(queue, state):
+    """The forced-failure count for *queue* and *state* (whatever SGLang's own labels)."""
+    from prometheus_client import REGISTRY
+
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        for sample in metric.samples
+        if sample.name == "sglang:stallguard_forced_failures_total"
+        and sample.labels.get("queue") == queue
+        and sample.labels.get("state") == state
+        and sample.labels.get("backend") == "nixl"
+    )
+
+
+def scenario(peer, side):
+    """One request in each phase SGLang leaves unbounded, and one in a bounded one:
+
+    * "unknown": its room is never registered with the bootstrap server: pending
+      before init() (prealloc Bootstrapping);
+    * "in-transfer": admitted, metadata sent, the prefill never sends (transfer
+      WaitingForInput: SGLang's own 300 s bound);
+    * "gated": admitted; the prefill sends its KV, but the metadata row it writes
+      carries no room, so SGLang's metadata gate shows the concluded Success as
+      Transferring (transfer Transferring);
+    * "no-memory": handshake done, decode has no free slot (prealloc WaitingForInput).
+    """
+    rooms = {rid: ds.next_room() for rid in ("unknown", "in-transfer", "gated", "no-memory")}
+    for rid in ("in-transfer", "gated", "no-memory"):
+        peer.call("register", rooms[rid])
+    for rid in ("unknown", "in-transfer", "gated"):
+        side.add(rid, rooms[rid])
+    side.step()  # resolved through /query_dp_ranks, init(), admitted, metadata sent
+    side.add("no-memory", rooms["no-memory"])
+    side.step()
+    peer.call("send", rooms["gated"], 4, False)
+    gated = next(d.kv_receiver for d in side.transfer.queue if d.req.rid == "gated")
+    assert ds.wait_until(lambda: int(gated.poll()) == SUCCESS, 30)
+    side.step()
+    assert phases(side) == {
+        "pending": ["unknown"],
+        "prealloc": ["unknown", "no-memory"],
+        "transfer": ["in-transfer", "gated"],
+    }
+    return rooms
+
+
+def phases(side):
+    return {
+        "pending": side.pending_rids(),
+        "prealloc": side.rids("prealloc"),
+        "transfer": side.rids("transfer"),
+    }
+
+
+def receivers(side):
+    return {d.req.rid: d.kv_receiver for d in side.prealloc.queue + side.transfer.queue}
+
+
+def test_unbounded_decode_phases_stay_without_stallguard(peer, side):
+    scenario(peer, side)
+    held = receivers(side)
+    for _ in range(10):
+        side.step()
+        time.sleep(0.05)
+    assert phases(side) == {
+        "pending": ["unknown"],
+        "prealloc": ["unknown", "no-memory"],
+        "transfer": ["in-transfer", "gated"],
+    }
+    # SGLang has no clock on the unbounded ones: no init_time, no prefill-wait start
+    for rid in ("unknown", "no-memory"):
+        assert held[rid].init_time is None and held[rid]._prefill_wait_start is None
+    assert int(held["unknown"].poll()) == BOOTSTRAPPING
+    assert int(held["no-memory"].poll()) == WFI
+    assert int(held["gated"].poll()) == SUCCESS  # concluded, still held by the gate
+    assert held["in-transfer"].init_time is not None  # SGLang's own 300 s clock
+    assert side.aborted() == {}
+
+
+DUE = [  # (rid, queue, phase, deadline), in deadline order
+    ("no-memory", "prealloc", "WaitingForInput", PREALLOC["WaitingForInput"]),
+    ("in-transfer", "transfer", "WaitingForInput", TRANSFER["WaitingForInput"]),
+    ("gated", "transfer", "Transferring", TRANSFER["Transferring"]),
+    ("unknown", "prealloc", "Bootstrapping", PREALLOC["Bootstrapping"]),
+]
+
+
+def test_each_phase_fails_at_its_deadline_through_sglangs_path(peer, side):
+    before = {(q, phase): forced(q, phase) for _, q, phase, _ in DUE}
+    with guarded() as (clock, expiries):
+        rooms = scenario(peer, side)
+        for rid, queue, phase, deadline in DUE:
+            clock.set(T0 + deadline - 0.001)
+            side.step()
+            assert rid in side.rids(queue), f"{rid} failed before its deadline"
+            clock.set(T0 + deadline)
+            side.step()
+            assert rid not in side.rids(queue), f"{rid} not failed at its deadline"
+            message = side.aborted()[rid]
+            kind = "transfer" if queue == "transfer" else "handshake"
+            assert f"Decode {kind} failed" in message
+            assert f"spent {deadline:.1f}s in {phase} in the decode {queue} queue" in message
+            if rid == "in-transfer":
+                # prefill may still write into its pages: SGLang holds them (and the
+                # metadata row) in its deferred release until prefill ACKs the ABORT
+                held = [entry[0].req.rid for entry in side.transfer._deferred_releases]
+                assert held == ["in-transfer"]
+        assert side.pending_rids() == [] and phases(side)["transfer"] == []
+        # the ABORTs reached the prefill, whose senders for those rooms failed
+        for rid in ("in-transfer", "no-memory"):
+            assert ds.wait_until(lambda rid=rid: peer.call("status", rooms[rid]) == 0, 10)
+        # prefill's drain ACK lets SGLang free the held pages and metadata row
+        assert ds.wait_until(
+            lambda: side.step() is not None and not side.transfer._deferred_releases, 40
+        )
+        assert side.host.available_size() == 2
+        assert side.allocator.available_size() == side.allocator.size
+    fired = [(str(e.key), e.state_label, e.deadline) for e in expiries]
+    assert fired == [(rid, phase, float(d)) for rid, _, phase, d in DUE]  # each once
+    for _, queue, phase, _ in DUE:
+        assert forced(queue, phase) == before[(queue, phase)] + 1
+    attrs = {str(e.key): e.attributes for e in expiries}
+    assert attrs["unknown"]["stallguard.sglang.queue"] == "prealloc"
+    assert attrs["gated"]["stallguard.sglang.queue"] == "transfer"
+    assert attrs["gated"]["stallguard.sglang.backend"] == "nixl"
+
+
+def test_healthy_requests_are_untouched_and_nothing_is_left_behind(peer, side):
+    config = {"decode": {"prealloc": {"WaitingForInput": 20}, "transfer": TRANSFER}}
+    with guarded(config) as (clock, expiries):
+        rooms = {f"ok{i}": ds.next_room() for i in range(3)}
+        for rid, room in rooms.items():
+            peer.call("register", room)
+            side.add(rid, room)
+        sent: set[str] = set()
+        for _ in range(300):  # two slots for three requests: the third waits its turn
+            clock.advance(0.02)  # each phase lasts well within its deadline
+            side.step()
+            for rid in side.rids("transfer"):
+                if rid not in sent:
+                    sent.add(rid)
+                    peer.call("send", rooms[rid], 4, True)
+            if len(side.done) == 3:
+                break
+            time.sleep(0.02)
+        assert sorted(side.done) == sorted(rooms)
+        guards = [side.prealloc._stallguard_decode_guard, side.transfer._stallguard_decode_guard]
+        assert all(g.entries == {} and len(g.wd) == 0 for g in guards)
+        assert getattr(side.mgr, "_stallguard_decode_rooms", {}) == {}
+    assert expiries == [] and side.aborted() == {}
+
+
+def test_report_mode_fails_nothing(peer, side):
+    config = {"decode": {"mode": "report", "prealloc": PREALLOC, "transfer": TRANSFER}}
+    with guarded(config) as (clock, expiries):
+        scenario(peer, side)
+        clock.set(T0 + 100)
+        for _ in range(3):
+            side.step()
+        assert phases(side)["transfer"] == ["in-transfer", "gated"]
+        assert side.pending_rids() == ["unknown"]
+    assert side.aborted() == {}
+    assert sorted((str(e.key), e.mode) for e in expiries) == [
+        ("gated", "report"),
+        ("in-transfer", "report"),
+        ("no-memory", "report"),
+        ("unknown", "report"),
+    ]
+
+
+def test_queue_calls_skipped_while_retracted_fail_overdue_requests_at_the_first_call(peer, side):
+    """process_decode_queue returns before the queue calls while retracted_queue is
+    non-empty: stallguard's clocks keep running, and the first call after fails every
+    request overdue by then, in that one call."""
+    with guarded() as (clock, expiries):
+        scenario(peer, side)
+        clock.advance(1000)  # no queue call for 1000 s
+        side.step()
+        assert phases(side) == {"pending": [], "prealloc": [], "transfer": []}
+    assert sorted(str(e.key) for e in expiries) == ["gated", "in-transfer", "no-memory", "unknown"]
+
+
+def test_two_gloo_ranks_conclude_each_request_in_the_same_iteration():
+    """Real gloo group of two processes; the ranks' clocks disagree (1 s and 0.6 s per
+    iteration): rank 0 fails each request at its deadline, SGLang's MIN all-reduce
+    concludes it on both ranks in that same iteration, and rank 1 never fires."""
+    r0, r1 = sgs.run_ranks(
+        ds.ranks_in_step, world=2, timeout=240, server_args={"disaggregation_mode": "decode"}
+    )
+    # enrolled at the first iteration (rank 0's clock: +1 s), due 10 s / 20 s later
+    assert r0["left"] == r1["left"] == {"stuck": 11, "waiting": 21}
+    assert r0["expiries"] == [("stuck", "WaitingForInput"), ("waiting", "WaitingForInput")]
+    assert r1["expiries"] == []
+    assert "stallguard" in r0["aborted"]["stuck"] and "stallguard" in r0["aborted"]["waiting"]
+    assert all("another rank" in message for message in r1["aborted"].values())
+    assert sorted(r1["aborted"]) == ["stuck", "waiting"]
