@@ -302,6 +302,8 @@ class Watchdog(Generic[K]):
         memory: how many concluded keys (expired, terminal or forgotten) are remembered,
             so that a late ``observe`` for them is dropped instead of re-tracking the
             request (default 65,536). The oldest are forgotten first.
+        statistics: record time in state for :meth:`statistics` and :meth:`advice`
+            (default False; see :class:`~stallguard.WatchdogOptions`).
 
     Raises:
         ConfigError: naming the argument and the bad value.
@@ -322,6 +324,7 @@ class Watchdog(Generic[K]):
         mode: Mode | None = None,
         unknown_state: str | None = None,
         memory: int | None = None,
+        statistics: bool | None = None,
     ) -> None:
         if not isinstance(spec, Spec):
             raise ConfigError(f"spec must be a stallguard.Spec, got {spec!r}")
@@ -336,6 +339,7 @@ class Watchdog(Generic[K]):
                 ("mode", mode),
                 ("unknown_state", unknown_state),
                 ("memory", memory),
+                ("statistics", statistics),
             )
             if value is not None
         }
@@ -1093,18 +1097,25 @@ class Watchdog(Generic[K]):
         deadline) pair, each once."""
         found: list[tuple[float, _Rec, _Clock, float]] = []
         add = found.append
+        # The same pass finds the next due time: each FIFO stops at its first live entry
+        # that is not due (a request expired below may make it stale: then the bound is
+        # early, never late, which is all check() needs).
+        next_due = _INF
         for clock in self._clocks:
             q = clock.q
-            valid = clock.valid
             seconds = clock.seconds
+            valid = clock.valid
+            state_clock = valid is _state_entry  # the common case, tested inline
             while q:
                 entry = q[0]
-                if not valid(entry):
+                start, rec, mark = entry
+                if (rec.gen != mark) if state_clock else not valid(entry):
                     q.popleft()  # stale: the request left this state or window
                     continue
-                start, rec, _gen = entry
                 due = start + seconds
                 if due > now:
+                    if due < next_due:
+                        next_due = due
                     break
                 q.popleft()
                 add((due, rec, clock, start))
@@ -1155,7 +1166,7 @@ class Watchdog(Generic[K]):
                 elif clock is slot.timer:
                     slot.parked[rec] = start
         self._expired += len(expiries)
-        self._next_due = self._exact_due()
+        self._next_due = next_due
         return expiries, left
 
     def _dispatch(

@@ -141,7 +141,7 @@ def test_growing_tail_by_trend_and_not_when_stationary():
 def test_watchdog_advice_flags_live_requests_and_would_be_false_positives():
     set_on_expire_hooks([])
     clock = FakeClock()
-    wd = sg.Watchdog(SPEC, clock=clock, mode="report")
+    wd = sg.Watchdog(SPEC, clock=clock, mode="report", statistics=True)
     for key in range(200):  # healthy: 1 s in Wait
         wd.observe(key, "Wait")
         clock.advance(1)
@@ -170,7 +170,7 @@ def test_watchdog_advice_flags_live_requests_and_would_be_false_positives():
 def test_enforce_mode_warns_that_stays_were_cut():
     set_on_expire_hooks([])
     clock = FakeClock()
-    wd = sg.Watchdog(SPEC, clock=clock)
+    wd = sg.Watchdog(SPEC, clock=clock, statistics=True)
     wd.observe(1, "Wait")
     clock.advance(121)
     wd.check()

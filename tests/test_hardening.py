@@ -345,3 +345,17 @@ def test_a_second_interruption_still_returns_everything_once(clock: FakeClock) -
     assert sorted((e.key, e.reason) for e in wd.check()) == [("k", "lifetime"), ("k", "state")]
     assert sorted(seen) == [("k", "lifetime"), ("k", "state")]  # each delivered once
     assert wd.check() == []
+
+
+def test_statistics_are_opt_in_and_say_so(clock: FakeClock) -> None:
+    wd: sg.Watchdog[str] = sg.Watchdog(KV, clock=clock)
+    assert wd.options.statistics is False
+    with pytest.raises(sg.StallguardError, match=r"records no statistics \(statistics=False\)"):
+        wd.statistics()
+    with pytest.raises(sg.ConfigError, match="statistics must be True or False, got 'yes'"):
+        sg.Watchdog(KV, statistics="yes")  # type: ignore[arg-type]
+    on: sg.Watchdog[str] = sg.Watchdog(KV, clock=clock, statistics=True)
+    on.observe("k", "Transferring")
+    clock.advance(2)
+    on.observe("k", "Success")
+    assert on.statistics().states["Transferring"].count == 1

@@ -193,7 +193,7 @@ class Model:
 def run(mode: str, operations: list[tuple]) -> None:
     set_on_expire_hooks([])
     clock = FakeClock()
-    wd = sg.Watchdog(SPEC, clock=clock, mode=mode)
+    wd = sg.Watchdog(SPEC, clock=clock, mode=mode, statistics=True)
     model = Model(mode)
     for op in operations:
         kind = op[0]
@@ -241,7 +241,7 @@ def test_report_records_every_stay_and_counts_each_reported_request_once(operati
 def test_overstay_then_success_counts_once_as_a_would_be_false_positive():
     set_on_expire_hooks([])
     clock = FakeClock()
-    wd = sg.Watchdog(SPEC, clock=clock, mode="report")
+    wd = sg.Watchdog(SPEC, clock=clock, mode="report", statistics=True)
     wd.observe(1, "a")
     clock.advance(4)  # past a's 3 s
     assert [e.reason for e in wd.check()] == ["state"]
@@ -259,7 +259,7 @@ def test_overstay_then_success_counts_once_as_a_would_be_false_positive():
 def test_reported_then_failed_or_forgotten_is_not_a_false_positive():
     set_on_expire_hooks([])
     clock = FakeClock()
-    wd = sg.Watchdog(SPEC, clock=clock, mode="report")
+    wd = sg.Watchdog(SPEC, clock=clock, mode="report", statistics=True)
     wd.observe(1, "a")
     wd.observe(2, "a")
     clock.advance(4)
@@ -274,7 +274,7 @@ def test_reported_then_failed_or_forgotten_is_not_a_false_positive():
 def test_enforce_counts_expiries_and_cuts_the_stay_at_the_check():
     set_on_expire_hooks([])
     clock = FakeClock()
-    wd = sg.Watchdog(SPEC, clock=clock)
+    wd = sg.Watchdog(SPEC, clock=clock, statistics=True)
     wd.observe(1, "b")
     clock.advance(6)
     assert len(wd.check()) == 1
@@ -327,7 +327,9 @@ def test_bounded_memory_after_a_million_requests():
 
     set_on_expire_hooks([])
     clock = FakeClock()
-    wd = sg.Watchdog(SPEC.evolve(lifetime=None), clock=clock, mode="report", memory=16)
+    wd = sg.Watchdog(
+        SPEC.evolve(lifetime=None), clock=clock, mode="report", memory=16, statistics=True
+    )
     for key in range(100_000):
         wd.observe(key, "a")
         if key % 100 == 0:
@@ -343,7 +345,7 @@ def test_statistics_copy_is_consistent_while_threads_record():
     copy must satisfy count(b) <= count(a) (a key leaves a before it leaves b), counts
     only grow, and the final copy has every stay."""
     set_on_expire_hooks([])
-    wd = sg.Watchdog(SPEC.evolve(lifetime=None), mode="report")
+    wd = sg.Watchdog(SPEC.evolve(lifetime=None), mode="report", statistics=True)
     writers, per = 4, 5_000
     done = threading.Event()
     problems: list[str] = []

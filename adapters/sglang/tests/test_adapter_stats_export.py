@@ -44,7 +44,7 @@ def test_export_equals_the_recorder_at_every_bound(batches):
     """Stays recorded by the lane's watchdog (every state change it observes) reach the
     served histogram exactly, however they are batched between exports."""
     clock = FakeClock()
-    wd: sg.Watchdog[int] = sg.Watchdog(SPEC, clock=clock, mode="report")
+    wd: sg.Watchdog[int] = sg.Watchdog(SPEC, clock=clock, mode="report", statistics=True)
     lane = LaneStats(wd, "inflight", "exporttest", 0, clock)
     lane.export()  # creates the metrics on first use
     before = served()

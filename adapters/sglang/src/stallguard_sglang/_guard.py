@@ -375,6 +375,7 @@ class QueueGuard(QueueMembership):
                 # keys are unique per stay in the queue and the hooks drop events for
                 # requests that left: no need to remember concluded keys
                 memory=1,
+                statistics=True,  # time in state on /metrics, for `advise`
             )
             lane = Lane(self, backend, PROFILES[backend], wd)
             if wd.mode == "report":
