@@ -48,8 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # sglang_support lives with the adapter's tests (tools/dev.py's .pth also puts it there)
 sys.path.insert(0, str(ROOT / "adapters" / "sglang" / "tests"))
 
+from stallguard_sglang._kvpoll import KVPOLL, LIVE_STATES  # noqa: E402 (cheap: no SGLang)
+
 WFI, TRANSFERRING, SUCCESS = 2, 3, 4
-KVPOLL = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
 CONFIG = """
 # nothing may expire while the queue is timed
 [prefill.deadlines]
@@ -139,7 +140,7 @@ def naive_around(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
 
         spec = sg.Spec(
             name="naive",
-            deadlines=dict.fromkeys(KVPOLL[1:4], 1e6),
+            deadlines=dict.fromkeys(LIVE_STATES, 1e6),
             terminal=("Success", "Failed"),
         )
         wd = sched._naive_wd = sg.Watchdog(spec)

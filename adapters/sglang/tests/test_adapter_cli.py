@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 import stallguard_sglang.__main__ as cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from stallguard_sglang import _activate
+from stallguard_sglang.package import has_plugin_framework
 
 GOOD = "[prefill.deadlines]\nTransferring = 20\n"
 
@@ -148,3 +151,45 @@ def test_an_unrelated_interpreter_still_runs_with_a_bad_activation_value(activat
     [warning] = set(proc.stderr.strip().splitlines())
     assert warning.startswith("stallguard-sglang: warning: environment variable ")
     assert warning.endswith("not activated from the .pth file in this interpreter")
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.text(max_size=12))
+def test_the_pth_entry_point_never_raises(monkeypatch, capsys, no_env, value):
+    """Whatever STALLGUARD_SGLANG_ACTIVATION holds, from_pth() returns: armed (pth),
+    standing aside for the plugin (auto, plugin), or standing aside with one warning."""
+    if "\x00" in value:
+        return  # an environment variable cannot hold NUL
+    monkeypatch.setenv(_activate.ENV_ACTIVATION, value)
+    before = list(sys.meta_path)
+    try:
+        armed = _activate.from_pth()
+    finally:
+        sys.meta_path[:] = before
+    err = capsys.readouterr().err
+    choice = value.strip().lower() or "auto"
+    if choice in _activate.ACTIVATIONS:
+        assert err == ""
+        assert armed is (choice == "pth" or (choice == "auto" and not has_plugin_framework()))
+    else:
+        assert armed is False
+        assert err.count("\n") == 1 and err.startswith("stallguard-sglang: warning: ")
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(version=st.text(max_size=12))
+def test_the_cli_answers_any_version_with_a_documented_status(tmp_path_factory, capsys, version):
+    path = tmp_path_factory.mktemp("cli") / "sg.toml"
+    path.write_text(GOOD)
+    try:
+        status = cli.main(["--config", str(path), "--sglang-version", version])
+    except SystemExit as e:  # argparse refusing the value
+        status = e.code
+    captured = capsys.readouterr()
+    assert status in (cli.EXIT_OK, cli.EXIT_USAGE, cli.EXIT_UNSUPPORTED)
+    assert "Traceback" not in captured.err
+    if status == cli.EXIT_USAGE:
+        assert captured.err.count("\n") == 1 and "--sglang-version" in captured.err

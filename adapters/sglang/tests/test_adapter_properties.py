@@ -12,12 +12,18 @@ queue calls, run against a small reference model of what docs/sglang.md promises
   failed nor reported;
 * each stuck request is failed exactly once (``FakeScheduler`` raises if SGLang concludes
   a request twice), with ``entered_at`` its state's real start; in report mode each state
-  entry is reported once and nothing is failed.
+  entry is reported once and nothing is failed;
+* with a progress window (``stall``) on Transferring, a repeated
+  ``update_status(Transferring)`` renews it from the time it ran: the request fails at
+  the first call at or past its last progress plus the window (or its state deadline,
+  whichever comes first).
 
 Time is a FakeClock; nothing sleeps.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import sglang_support as sgs
@@ -47,9 +53,11 @@ def _context():
 class Model:
     """What the docs promise, for one scheduler's inflight queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, stall: float | None = None) -> None:
+        self.stall = stall  # a progress window on Transferring (enforce mode only)
         self.state: dict[str, int] = {}  # rid -> current KVPoll value
         self.since: dict[str, float] = {}  # rid -> start of its current state (enrolled)
+        self.progress: dict[str, float] = {}  # rid -> its latest progress (stall window)
         self.queued: list[str] = []
         self.pending: set[str] = set()  # joined, not yet enrolled by a queue call
         self.reported: set[tuple[str, int, float]] = set()  # report mode: state entries
@@ -63,12 +71,24 @@ class Model:
         if state != self.state[rid]:
             self.state[rid] = state
             if rid not in self.pending:
-                self.since[rid] = now
+                self.since[rid] = self.progress[rid] = now
+        elif rid not in self.pending:  # the same state again: progress (a NIXL chunk)
+            self.progress[rid] = now
 
-    def step(self, now: float, mode: str) -> tuple[set[str], set[tuple[str, str, float]], set[str]]:
+    def due(self, rid: str) -> tuple[float, str]:
+        """When the request's current state expires, and why."""
+        state, since = self.state[rid], self.since[rid]
+        due, reason = since + SECONDS[state], "state"
+        if self.stall is not None and state == TRANSFERRING:
+            window = self.progress[rid] + self.stall
+            if window < due:
+                due, reason = window, "stall"
+        return due, reason
+
+    def step(self, now: float, mode: str) -> tuple[set[str], set[tuple[Any, ...]], set[str]]:
         """One queue call at *now*: (failed by stallguard, expiries, concluded by SGLang)."""
         for rid in self.pending:
-            self.since[rid] = now
+            self.since[rid] = self.progress[rid] = now
         self.pending.clear()
         failed, expiries, concluded = set(), set(), set()
         for rid in self.queued:
@@ -77,8 +97,11 @@ class Model:
                 concluded.add(rid)
                 continue
             since = self.since[rid]
-            if now >= since + SECONDS[state] and (rid, state, since) not in self.reported:
-                expiries.add((rid, NAMES[state], since))
+            due, reason = self.due(rid)
+            if now >= due and (rid, state, since) not in self.reported:
+                # entered_at: the start of the clock that fired
+                start = since if reason == "state" else self.progress[rid]
+                expiries.add((rid, NAMES[state], start, reason))
                 if mode == "enforce":
                     failed.add(rid)
                 else:
@@ -120,7 +143,7 @@ def expand(ops):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=OPS, mode=st.sampled_from(["enforce", "report"]))
+@given(ops=OPS, mode=st.sampled_from(["enforce", "report", "enforce-stall"]))
 @example(  # a state's clock starts at its update_status, not at the next queue call
     ops=[
         ("join", WFI),
@@ -136,8 +159,13 @@ def expand(ops):
 )
 def test_random_interleavings_against_the_reference_model(ops, mode):
     clock = FakeClock(T0)
-    config = {"prefill": {"mode": mode, "deadlines": DEADLINES}}
-    model = Model()
+    deadlines: dict[str, Any] = dict(DEADLINES)
+    stall = None
+    if mode == "enforce-stall":  # a repeated update_status(Transferring) is progress
+        mode, stall = "enforce", 5.0
+        deadlines["Transferring"] = {"seconds": SECONDS[TRANSFERRING], "stall": stall}
+    config = {"prefill": {"mode": mode, "deadlines": deadlines}}
+    model = Model(stall)
     with installed(config, clock=clock), record_expiries() as expiries:
         sched = sgs.FakeScheduler()
         mgr = sgs.make_manager("nixl")
@@ -165,6 +193,7 @@ def test_random_interleavings_against_the_reference_model(ops, mode):
                     sgs.fail_sender(sender, "transport error")
                     model.change(rid, FAILED, clock())
                 elif op[2] >= model.state[rid]:  # update_status only moves forward
+                    # (the same state again is a repeated update_status: progress)
                     sgs.set_status(sender, op[2])
                     model.change(rid, op[2], clock())
             else:
@@ -172,7 +201,7 @@ def test_random_interleavings_against_the_reference_model(ops, mode):
                 before = set(sched.conclusions)
                 sched.step()
                 failed, expected, concluded = model.step(clock(), mode)
-                got = {(str(e.key), e.state_label, e.entered_at) for e in expiries[seen:]}
+                got = {(str(e.key), e.state_label, e.entered_at, e.reason) for e in expiries[seen:]}
                 assert got == expected, f"at {clock() - T0}"
                 assert len(expiries) - seen == len(expected)  # once each
                 new = {rid: sched.conclusions[rid] for rid in set(sched.conclusions) - before}
