@@ -175,3 +175,43 @@ def test_decode_guard_fails_once_and_never_a_concluded_request(kind, ops):
         assert "stallguard" in concluded[rid][0]
         if rid in succeeded:
             assert e.state_label == "Transferring" and e.entered_at >= succeeded[rid]
+
+
+def test_init_under_prefill_complete_starts_the_waiting_for_prefill_phase():
+    """``init()`` under ``prefill_complete`` changes no status (the receiver stays
+    Bootstrapping, waiting for the prefill's forward pass): its AFTER hook starts the
+    ``WaitingForPrefill`` phase, with its own deadline, from the init. Stand-in: the
+    bootstrap ``init()`` would fetch from the bootstrap server is set by hand, and the
+    hooked ``init`` is told it ran (``receiver_init_after``)."""
+    from sglang.srt.disaggregation.nixl.conn import NixlKVReceiver
+    from stallguard_sglang import _decode
+    from stallguard_sglang.testing import installed
+
+    from stallguard.testing import FakeClock, record_expiries
+
+    clock = FakeClock(1000.0)
+    mgr = decode_manager()
+    qobj = SimpleNamespace(queue=[], scheduler=None)
+    receiver = NixlKVReceiver(mgr, "127.0.0.1:1", 8001)
+    qobj.queue.append(SimpleNamespace(req=SimpleNamespace(rid="r"), kv_receiver=receiver))
+
+    def keep(q):  # stand-in for pop_preallocated: nothing concludes here
+        return ([], [])
+
+    config = {"decode": {"prealloc": {"Bootstrapping": 5, "WaitingForPrefill": 30}}}
+    with installed(config, clock=clock), record_expiries() as expiries:
+        _decode.prealloc_around(keep, qobj)
+        guard = qobj._stallguard_decode_guard
+        [entry] = guard.entries.values()
+        assert guard.wd.state_of(entry) == "Bootstrapping"
+        clock.advance(4)
+        receiver.bootstrap_infos = [{"rank_ip": "127.0.0.1"}]  # what init() resolves
+        _decode.receiver_init_after(None, receiver)
+        assert guard.wd.state_of(entry) == "WaitingForPrefill"
+        clock.advance(29.9)  # 33.9 s in the queue: past Bootstrapping's 5 s, not 30 s of this
+        _decode.prealloc_around(keep, qobj)
+        assert expiries == []
+        clock.advance(0.1)
+        _decode.prealloc_around(keep, qobj)
+    assert [(e.state_label, e.entered_at) for e in expiries] == [("WaitingForPrefill", 1004.0)]
+    assert receiver.conclude_state == 0 and "WaitingForPrefill" in mgr.failure_records[8001]
