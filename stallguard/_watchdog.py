@@ -788,11 +788,8 @@ class Watchdog(Generic[K]):
             hooks = self._expire_listeners + _registry.active_hooks()
             if self._mode == "enforce":
                 hooks = self._enforce_hooks + hooks
-            work = (
-                [*carried, *((e, hooks) for e in expiries)]
-                if carried
-                else [(e, hooks) for e in expiries]
-            )
+            if hooks or carried:
+                work = [*carried, *[(e, hooks) for e in expiries]]
         if work:
             self._dispatch(work)
         if left:
