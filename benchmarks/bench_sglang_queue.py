@@ -133,16 +133,8 @@ class Arm:
 
 
 class NoStats:
-    """The lane's time-in-state statistics switched off (``--statistics``): the
-    adapter's calls into them remain, as no-op calls (a few tens of ns each)."""
-
-    dirty = False
-
-    def record(self, state: Any, seconds: float) -> None:
-        pass
-
-    def leave(self, entry: Any) -> None:
-        pass
+    """The lane's time-in-state export switched off (``--statistics``; the watchdog's
+    recording is switched off separately): the adapter's call remains, as a no-op."""
 
     def tick(self, now: float) -> None:
         pass
@@ -266,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             if arm.name == "no stats":
                 for lane in arm.sched._stallguard_inflight_guard.checks:
                     lane.stats = NoStats()
-                    lane.wd._stats = None
+                    lane.wd._stats = None  # as with Watchdog(statistics=False)
+                    for slot in lane.wd._live:
+                        slot.hist = None
         for r in range(args.rounds):
             order = arms if r % 2 == 0 else arms[::-1]
             for arm in order:
