@@ -15,14 +15,15 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from stallguard import ConfigError, Deadline, parse_deadlines
+from stallguard._adapters import env_enabled, read_toml
 from stallguard._validate import did_you_mean
 
 from ._kvpoll import LIVE_STATES, TERMINAL_STATES
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    pass
 
 __all__ = [
     "BACKENDS",
@@ -56,8 +57,6 @@ DECODE_PHASES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 #: also what warmup and health-check requests use on every backend).
 BACKENDS = ("nixl", "mooncake", "ascend", "mori", "fake")
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
 PrefillMode = Literal["enforce", "report", "off"]
 BootstrapMode = Literal["auto", "enforce", "report", "off"]
@@ -160,42 +159,13 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
         stallguard.ConfigError: naming the file (or variable), the key and the bad value.
     """
     env = os.environ if environ is None else environ
-    flag = env.get(ENV_ENABLE)
-    enabled: bool | None = None
-    if flag is not None:
-        normalized = flag.strip().lower()
-        if normalized in _TRUE:
-            enabled = True
-        elif normalized in _FALSE:
-            enabled = False
-        else:
-            raise ConfigError(
-                f"environment variable {ENV_ENABLE}={flag!r}: expected 1 (enable with the "
-                f"defaults) or 0 (disable), or unset it and name a file in {ENV_CONFIG}"
-            )
-    if enabled is False:
+    # the enable/config variables are read the same way for every adapter (core helper)
+    path = env_enabled(env, enable_var=ENV_ENABLE, config_var=ENV_CONFIG)
+    if path is None:
         return None
-    path = env.get(ENV_CONFIG, "").strip()
     if path:
-        return _load_file(path)
-    if enabled:
-        return Config(source=f"{ENV_ENABLE}={flag}")
-    return None
-
-
-def _load_file(path: str) -> Config:
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{ENV_CONFIG}={path!r}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{ENV_CONFIG}={path!r}: is a directory, not a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"{ENV_CONFIG}={path!r}: cannot read it: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    return parse_config(data, source=path)
+        return parse_config(read_toml(path, var=ENV_CONFIG), source=path)
+    return Config(source=f"{ENV_ENABLE}={env[ENV_ENABLE]}")
 
 
 # --------------------------------------------------------------------------- parsing
