@@ -22,8 +22,9 @@ import attrs
 
 from ._details import Mode
 from ._errors import ConfigError
+from ._options import WatchdogOptions
 from ._spec import Deadline, Spec, State, state_label
-from ._validate import did_you_mean
+from ._validate import DEFAULT_MEMORY, did_you_mean
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -50,24 +51,30 @@ class WatchdogConfig:
         unknown_state: ``"raise"`` or ``"ignore"``.
         memory: how many concluded keys the watchdog remembers.
         source: where it was loaded from (a file path, ``"<dict>"``...), for messages.
+
+    The options are validated, and defaulted, by :class:`~stallguard.WatchdogOptions`
+    (:attr:`options`), the one owner of watchdog settings.
     """
 
     spec: Spec
     mode: Mode = "enforce"
     unknown_state: str = "raise"
-    memory: int = 65_536
+    memory: int = DEFAULT_MEMORY
     source: str = "<dict>"
+
+    def __attrs_post_init__(self) -> None:
+        self.options  # noqa: B018 - validates mode, unknown_state and memory
+
+    @property
+    def options(self) -> WatchdogOptions:
+        """These options as a :class:`~stallguard.WatchdogOptions` (default clock)."""
+        return WatchdogOptions(mode=self.mode, unknown_state=self.unknown_state, memory=self.memory)
 
     def watchdog(self, **kwargs: Any) -> Watchdog[Any]:
         """A new :class:`~stallguard.Watchdog` with this spec and these options;
-        *kwargs* (``clock``, ``on_expire``, or an option to override) are passed on."""
-        options: dict[str, Any] = {
-            "mode": self.mode,
-            "unknown_state": self.unknown_state,
-            "memory": self.memory,
-        }
-        options.update(kwargs)
-        return Watchdog(self.spec, **options)
+        *kwargs* (``on_expire``, or an option to override, e.g. ``clock``) are passed
+        on."""
+        return Watchdog(self.spec, options=self.options, **kwargs)
 
 
 # --------------------------------------------------------------------------- messages

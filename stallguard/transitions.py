@@ -19,7 +19,6 @@ import inspect
 import logging
 import operator
 import threading
-import time
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -38,6 +37,7 @@ except ImportError as exc:  # the optional extra is not installed
 
 from stallguard._details import Expiry, Mode
 from stallguard._errors import ConfigError, StallguardError
+from stallguard._options import WatchdogOptions
 from stallguard._spec import Spec, state_label
 from stallguard._watchdog import Watchdog
 
@@ -424,6 +424,7 @@ def attach(
     callback: Callable[[Any, Expiry[Any]], object] | None = None,
     key: str | Callable[[Any], Hashable] | None = None,
     watchdog: Watchdog[Any] | None = None,
+    options: WatchdogOptions | None = None,
     clock: Callable[[], float] | None = None,
     mode: Mode | None = None,
     memory: int | None = None,
@@ -458,8 +459,9 @@ def attach(
             must not change while the model is attached.
         watchdog: a watchdog returned by an earlier :func:`attach`, to share it among
             several machines (keys must then be unique across them). Default: a new one.
-        clock, mode, memory: for a new watchdog (see :class:`stallguard.Watchdog`);
-            defaults: :func:`time.monotonic`, ``"enforce"``, 65536.
+        options, clock, mode, memory: for a new watchdog, as for
+            :class:`stallguard.Watchdog`: a :class:`~stallguard.WatchdogOptions` (its
+            defaults when omitted), whose fields the keywords override.
         loop: the asyncio loop of an ``AsyncMachine``, used when ``check()`` runs outside
             it (on a :class:`~stallguard.WatchdogThread`). When ``check()`` runs in the
             loop (:func:`stallguard.run_watchdog` under asyncio), it is not needed.
@@ -541,12 +543,9 @@ def attach(
 
     if watchdog is None:
         router = _Router()
+        # defaults and validation: WatchdogOptions, the one owner of both
         watchdog = Watchdog(
-            spec,
-            clock=time.monotonic if clock is None else clock,
-            on_expire=router,
-            mode="enforce" if mode is None else mode,
-            memory=65_536 if memory is None else memory,
+            spec, on_expire=router, options=options, clock=clock, mode=mode, memory=memory
         )
         _ROUTERS[watchdog] = router
     attachment = _Attachment(
