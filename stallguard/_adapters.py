@@ -17,13 +17,13 @@ Pure Python, no engine import; not part of the public API (adapters import it as
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from ._config import _error, _unknown_key
 from ._errors import ConfigError
+from ._validate import TOO_LARGE, seconds_or_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -143,15 +143,13 @@ class TableReader:
         value = self.table[key]
         if isinstance(value, str) and value.strip().lower() == "none":
             return None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
+        if isinstance(seconds, str):
+            too_large = " (too large)" if seconds == TOO_LARGE else ""
             raise self.error(
                 key,
                 value,
-                'must be a positive, finite number of seconds, or "none" for no deadline',
+                'must be a positive, finite number of seconds, or "none" for no deadline'
+                + too_large,
             )
-        return float(value)
+        return seconds

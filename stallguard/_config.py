@@ -24,7 +24,7 @@ from ._details import Mode
 from ._errors import ConfigError
 from ._options import WatchdogOptions
 from ._spec import Deadline, Spec, State, state_label
-from ._validate import DEFAULT_MEMORY, did_you_mean
+from ._validate import DEFAULT_MEMORY, TOO_LARGE, did_you_mean, seconds_or_problem
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -143,13 +143,10 @@ def _parse_seconds(source: str, table: str, key: object, given: object) -> float
     value = given.value if isinstance(given, _Raw) else given
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _error(source, table, key, given, _SECONDS)
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int beyond the float range (a 400-digit TOML integer)
-        raise _error(source, table, key, given, _SECONDS + " (too large)") from None
-    if not math.isfinite(seconds) or seconds <= 0:
+    seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
+    if seconds == TOO_LARGE:  # an int beyond the float range (a 400-digit TOML integer)
+        raise _error(source, table, key, given, _SECONDS + " (too large)")
+    if isinstance(seconds, str):
         raise _error(source, table, key, given, _SECONDS)
     return seconds
 

@@ -31,12 +31,33 @@ def did_you_mean(value: object, allowed: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+#: What :func:`seconds_or_problem` says is wrong with a duration.
+NOT_A_NUMBER = "not a number"
+TOO_LARGE = "too large for a float"
+NOT_POSITIVE_FINITE = "not positive and finite"
+
+
+def seconds_or_problem(value: object) -> float | str:
+    """The one rule for durations: *value* as float seconds if it is a positive, finite
+    real number (bools and strings are not numbers), else what is wrong with it
+    (:data:`NOT_A_NUMBER`, :data:`TOO_LARGE` or :data:`NOT_POSITIVE_FINITE`). Callers
+    word the error for their location (a field, a file's key, an environment variable)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return NOT_A_NUMBER
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return TOO_LARGE
+    if math.isnan(seconds) or math.isinf(seconds) or seconds <= 0:
+        return NOT_POSITIVE_FINITE
+    return seconds
+
+
 def check_seconds(where: str, value: object) -> float | None:
     """*value* as a duration: a positive, finite real number of seconds, or None.
 
     Args:
-        where: how the error names the value's location, e.g. ``"Deadline.seconds"`` or
-            ``"kv.toml: [spec.kv.deadlines] Transferring"``.
+        where: how the error names the value's location, e.g. ``"Deadline.seconds"``.
 
     Raises:
         ConfigError: naming *where* and the value: not a number (bools and strings are
@@ -44,19 +65,18 @@ def check_seconds(where: str, value: object) -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    seconds = seconds_or_problem(value)
+    if seconds == NOT_A_NUMBER:
         raise ConfigError(
             f"{where} must be a number of seconds or None, got {_show(value)} "
             f"({type(value).__name__})"
         )
-    try:
-        seconds = float(value)
-    except OverflowError:
+    if seconds == TOO_LARGE:
         raise ConfigError(
             f"{where} must be a positive, finite number of seconds, got {_show(value)}, "
             "which is too large for a float"
-        ) from None
-    if math.isnan(seconds) or math.isinf(seconds) or seconds <= 0:
+        )
+    if isinstance(seconds, str):
         raise ConfigError(
             f"{where} must be a positive, finite number of seconds, got {_show(value)}; "
             "use None to declare explicitly that there is no deadline"
