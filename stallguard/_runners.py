@@ -199,7 +199,7 @@ async def run_watchdog(
     If the loop fails (``check()`` or *wait* raising an :class:`Exception`), the error is
     logged at ERROR at once, counted in the watchdog's ``snapshot().runner_errors`` (and
     the ``stallguard.runner.errors`` metric), and propagates to the task group. A single
-    wait is never longer than :data:`ASYNC_WAIT_MAX` seconds; a later deadline is waited
+    wait is never longer than ``ASYNC_WAIT_MAX`` seconds; a later deadline is waited
     for in several rounds.
 
     Args:

@@ -8,11 +8,11 @@ have fired on (report), and, in report mode, how those requests ended. Both mode
 
 The histogram (docs/advice.md#the-histogram):
 
-* Fixed bucket upper bounds :data:`BOUNDS`: 1 ms to one week, log-spaced at
-  ``2 ** (1/24)``, with every value of :data:`LADDER` (the round numbers deadlines are
+* Fixed bucket upper bounds ``BOUNDS``: 1 ms to one week, log-spaced at
+  ``2 ** (1/24)``, with every value of ``LADDER`` (the round numbers deadlines are
   suggested in, and the SGLang adapter's Prometheus buckets) inserted as an exact bound,
   plus an underflow bucket (≤ 1 ms) and an overflow bucket (> 1 week). Adjacent bounds
-  differ by at most a factor :data:`RESOLUTION` (≈ 1.044).
+  differ by at most a factor ``RESOLUTION`` (≈ 1.044).
 * A bucket holds the values ``bounds[i-1] < v <= bounds[i]`` (Prometheus ``le``).
   Recording is one ``bisect`` over ~760 floats and a few additions: O(1), with memory
   fixed per state whatever the number of requests.
@@ -57,7 +57,7 @@ HIGH = 7 * 86_400.0
 #: The round numbers deadlines are suggested in (seconds): 1, 2, 5 x 10^k below ten
 #: seconds, then the steps people write for timeouts (15 s, 30 s, 45 s, 1 min, 90 s, 2,
 #: 3, 4, 5, 7.5, 10, 15, 20, 30, 45 min, 1 h...) up to one week. Each is an exact bucket
-#: bound of :data:`BOUNDS`, so "how many observed stays are longer than this" is exact.
+#: bound of ``BOUNDS``, so "how many observed stays are longer than this" is exact.
 LADDER: tuple[float, ...] = (
     0.001,
     0.002,
@@ -211,15 +211,15 @@ class Distribution:
     def quantile(self, q: float) -> float | None:
         """The *q* quantile (0 ≤ q ≤ 1), estimated from above: the upper bound of its
         bucket, clamped to :attr:`max` when known. Never below the true value; at most
-        :data:`RESOLUTION` times it with :data:`BOUNDS`. ``inf`` if it lies in an
+        ``RESOLUTION`` times it with ``BOUNDS``. ``inf`` if it lies in an
         overflow bucket whose maximum is unknown; None without values."""
         found = self.quantile_range(q)
         return None if found is None else found[1]
 
     def count_above(self, seconds: float) -> int:
         """How many values may be longer than *seconds*: every bucket whose upper bound
-        exceeds it. Exact when *seconds* is a bound (every :data:`LADDER` value is one of
-        :data:`BOUNDS`); otherwise it also counts the bucket straddling *seconds*."""
+        exceeds it. Exact when *seconds* is a bound (every ``LADDER`` value is one of
+        ``BOUNDS``); otherwise it also counts the bucket straddling *seconds*."""
         i = bisect_left(self.bounds, seconds)
         if i < len(self.bounds) and self.bounds[i] == seconds:
             i += 1
@@ -268,7 +268,7 @@ class StateStatistics:
             (report; a request counts once, in the state of its first report). None when
             unknown.
         fired_then: report mode: how the requests counted in *fired* ended, by terminal
-            state label, or :data:`FORGOTTEN` for ``forget()``. Requests still tracked
+            state label, or ``FORGOTTEN`` for ``forget()``. Requests still tracked
             are not in it.
         completed: the terminal state labels that count as normal completion (the
             watchdog's rule: the spec's first terminal state).
@@ -288,8 +288,8 @@ class StateStatistics:
 
     @property
     def fired_completed(self) -> int:
-        """Would-be false positives: requests whose deadline fired (in report mode) and
-        that then reached a terminal state in :attr:`completed`."""
+        """The would-be false positives: requests whose deadline fired (in report mode)
+        and that then reached a terminal state in :attr:`completed`."""
         return sum(self.fired_then.get(label, 0) for label in self.completed)
 
 

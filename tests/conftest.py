@@ -5,7 +5,7 @@ import os
 import pytest
 from hypothesis import settings
 
-from stallguard.instrumentation import set_on_expire_hooks
+from stallguard.instrumentation import disable_metrics, set_on_expire_hooks
 
 # A longer run of every property test, for local hunting (docs/testing.md):
 #   HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest tests/...
@@ -17,7 +17,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 @pytest.fixture(autouse=True)
 def _default_hooks():
-    """Each test starts and ends with the default instrumentation hooks."""
+    """Each test starts and ends with the default instrumentation hooks and metrics off
+    (a test that left metrics on would make every later watchdog record a duration
+    histogram point per state change)."""
     set_on_expire_hooks(None)
+    disable_metrics()
     yield
     set_on_expire_hooks(None)
+    disable_metrics()

@@ -65,8 +65,9 @@ def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
             expiries.extend(wd.check())
             checks[0] += 1
 
-    threads = [threading.Thread(target=writer, args=(t,)) for t in range(THREADS)]
-    check_thread = threading.Thread(target=checker)
+    # daemons: a failing run must not keep the test process alive
+    threads = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(THREADS)]
+    check_thread = threading.Thread(target=checker, daemon=True)
     for th in [*threads, check_thread]:
         th.start()
     for th in threads:

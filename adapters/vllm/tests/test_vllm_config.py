@@ -126,7 +126,7 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
     assert main(["--transfer", "pull"]) == 0
     out = capsys.readouterr().out
     assert "33 s, then failed_recving" in out
-    assert "WRITE" not in out  # --transfer pull: no push row
+    assert "notification" not in out  # --transfer pull: no push Receiving row
     path.write_text("[decode]\nReceiving = 0\n")
     assert main([]) == 2
     assert "[decode] Receiving = 0" in capsys.readouterr().err

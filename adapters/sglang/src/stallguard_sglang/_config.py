@@ -116,10 +116,9 @@ class DecodeConfig:
         prealloc: ``[decode.prealloc]``: deadlines in ``DecodePreallocQueue`` by phase
             (``Bootstrapping``, ``WaitingForPrefill``, ``WaitingForInput``).
         transfer: ``[decode.transfer]``: deadlines in ``DecodeTransferQueue`` by phase
-            (``WaitingForInput``, ``Transferring``).
-
-        A phase the file does not set gets a default derived from SGLang's own
-        settings (see :func:`stallguard_sglang.decode_deadlines`).
+            (``WaitingForInput``, ``Transferring``). A phase the file does not set
+            gets a default derived from SGLang's own settings (see
+            :func:`stallguard_sglang.decode_deadlines`).
     """
 
     mode: PrefillMode = "enforce"

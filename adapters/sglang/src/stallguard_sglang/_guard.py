@@ -250,6 +250,10 @@ class QueueMembership:
     in :attr:`entries` under :meth:`key`) and how to forget an entry (:meth:`_leave`).
     """
 
+    def idle(self) -> None:
+        """Called instead of the around-call work when the queue is empty and nothing
+        is enrolled (nothing to do unless a subclass has periodic work)."""
+
     def __init__(self) -> None:
         #: key(item) -> the subclass's entry
         self.entries: dict[int, Any] = {}
@@ -390,6 +394,12 @@ class QueueGuard(QueueMembership):
         return {name: lane.wd for name, lane in self.lanes.items() if lane is not None}
 
     # ------------------------------------------------------------------ around a call
+
+    def idle(self) -> None:
+        """The queue is empty: export what its last requests left to ``/metrics``, once
+        the export period is up (so a scrape after the traffic stops sees every stay)."""
+        for lane in self.checks:
+            lane.stats.tick(lane.clock())
 
     def before(self, queue: list[Any]) -> None:
         """Apply the state changes captured since the last call, enroll what joined

@@ -23,7 +23,6 @@ from ._config import Config
 from ._guard import FAKE, ROOMS, QueueGuard, QueueKind, read_state
 from ._profiles import PROFILES
 from ._runtime import report_error, runtime
-from ._stats_export import idle
 from .package import nixl_has_bootstrap_timeout
 
 __all__ = [
@@ -106,7 +105,7 @@ def around_queue(
             return original(owner, *args, **kwargs)
     queue = getattr(owner, site.queue_attr)
     if not queue and not guard.entries:
-        idle(guard.checks)  # export what the last requests left, once the period is up
+        guard.idle()  # periodic work only (the prefill guard's /metrics export)
         return original(owner, *args, **kwargs)
     try:
         guard.before(queue)

@@ -45,7 +45,6 @@ __all__ = [
     "REPORTED_COMPLETED",
     "STATE_SECONDS",
     "LaneStats",
-    "idle",
 ]
 
 log = logging.getLogger("stallguard.sglang")
@@ -185,14 +184,6 @@ class LaneStats:
         child = metrics["seconds"].labels(self.queue, self.backend, label, self.rank)
         _add(child, counts, sent[0], dist.total - sent[1])
         self._sent[label] = (counts, dist.total)
-
-
-def idle(lanes: tuple[Any, ...]) -> None:
-    """The queue is empty: export what its last requests left, once the period is up
-    (so a scrape after the traffic stops sees every stay)."""
-    for lane in lanes:
-        stats = lane.stats
-        stats.tick(stats.clock())
 
 
 def _add(child: Any, counts: list[int], sent: list[int], total: float) -> None:

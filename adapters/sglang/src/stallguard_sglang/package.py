@@ -11,7 +11,7 @@ import sys
 
 TYPE_CHECKING = False  # (not typing's: see the note below)
 if TYPE_CHECKING:
-    from packaging.specifiers import SpecifierSet
+    import packaging.specifiers
 
 __all__ = [
     "SUPPORTED_SGLANG",
@@ -41,7 +41,7 @@ TESTED_SGLANG = ("0.5.17", "0.5.23")
 _NIXL_BOOTSTRAP_TIMEOUT_SINCE = (0, 5, 18)
 
 
-def supported_specifier() -> SpecifierSet:
+def supported_specifier() -> packaging.specifiers.SpecifierSet:
     """:data:`SUPPORTED_SGLANG` as a ``packaging.specifiers.SpecifierSet``."""
     from packaging.specifiers import SpecifierSet
 

@@ -134,20 +134,29 @@ class PhaseTracker:
         self.queue.observe(rid, QUEUED)
         self._annotate(self.queue, rid, "decode", trace_headers)
 
+    @staticmethod
+    def _end(wd: Watchdog[str], rid: str) -> None:
+        """*rid* left *wd*'s phases, if it was in one. (The core remembers a terminal
+        state seen first as a finished request and drops later live events for it;
+        these calls often concern requests the watchdog never tracked, such as a decode
+        request that was never queued, and must not bury their ids.)"""
+        if rid in wd:
+            wd.observe(rid, DONE)
+
     def receiving(self, rid: str, *, trace_headers: Mapping[str, str] | None = None) -> None:
         """Decode: blocks allocated, the request waits for remote KV."""
-        self.queue.observe(rid, DONE)
+        self._end(self.queue, rid)
         self.transfers.observe(rid, RECEIVING)
         self._annotate(self.transfers, rid, "decode", trace_headers)
 
     def not_receiving(self, rid: str) -> None:
         """Decode: allocated without a remote transfer to wait for (full local hit)."""
-        self.queue.observe(rid, DONE)
+        self._end(self.queue, rid)
 
     def finished(self, rid: str) -> bool:
         """The scheduler finished the request (any status). Returns True if its blocks
         stay held for a transfer still running (it moved to ``AbortedHeld``)."""
-        self.queue.observe(rid, DONE)
+        self._end(self.queue, rid)
         if self.transfers.state_of(rid) == RECEIVING:
             self.transfers.observe(rid, ABORTED_HELD)
             return True
@@ -160,8 +169,8 @@ class PhaseTracker:
 
     def done(self, rid: str) -> None:
         """The transfer ended (``finished_recving`` / ``finished_sending``)."""
-        self.queue.observe(rid, DONE)
-        self.transfers.observe(rid, DONE)
+        self._end(self.queue, rid)
+        self._end(self.transfers, rid)
 
     # ------------------------------------------------------------------ deadlines
 
