@@ -288,8 +288,9 @@ class StateStatistics:
 
     @property
     def fired_completed(self) -> int:
-        """The would-be false positives: requests whose deadline fired (in report mode)
-        and that then reached a terminal state in :attr:`completed`."""
+        """How many would-be false positives there were, i.e. requests whose deadline
+        fired (in report mode) and that then reached a terminal state in
+        :attr:`completed`."""
         return sum(self.fired_then.get(label, 0) for label in self.completed)
 
 
