@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 OPERATIONS = (
@@ -60,3 +62,22 @@ def test_bench_core_quick_prints_its_tables():
     targets = [line for line in targets if line.startswith("|")]
     assert len(targets) == 11, out.stdout
     assert all(_cells(line)[-1] in ("PASS", "MISS") for line in targets)
+
+
+def test_bench_engine_quick_compares_with_the_previous_engine():
+    """bench_engine.py extracts the previous engine from git history and prints one row
+    per operation with both engines measured (a smoke test: no figure is judged)."""
+    if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "0b9bc74"]).returncode:
+        pytest.skip("a shallow clone without the previous engine's commit")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_engine.py"), "--quick", "--sizes", "100"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {cells[0]: cells for cells in map(_cells, out.stdout.splitlines()) if len(cells) == 8}
+    for op in ("state change", "same-state observe", "check(), nothing due"):
+        assert re.fullmatch(r"[\d,]+ ns", rows[op][2]), out.stdout  # this checkout
+        assert re.fullmatch(r"[\d,]+ ns", rows[op][3]), out.stdout  # the previous engine
