@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if not PYTHON.exists():
         print(f"{PYTHON} is missing: run python3 tools/dev.py env", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the scenarios run in their own directory
     out.mkdir(parents=True, exist_ok=True)
     res = run(out)
     text, ok = table(res)
