@@ -68,6 +68,7 @@ class Model:
         self.gone: OrderedDict[int, bool] = OrderedDict()
         self.reported: set[tuple[int, str]] = set()
         self.late = 0
+        self.seq = 0  # counts entries made on the watchdog's clocks (their FIFO order)
 
     def bury(self, key: int, expired: bool) -> None:
         if key in self.gone:
@@ -85,7 +86,16 @@ class Model:
             elif key in self.gone:
                 self.late += 1
             else:
-                self.live[key] = {"state": state, "entered": t, "beat": t, "born": t}
+                self.seq += 1
+                self.live[key] = {
+                    "state": state,
+                    "entered": t,
+                    "beat": t,
+                    "born": t,
+                    "s_state": self.seq,
+                    "s_beat": self.seq,
+                    "s_born": self.seq,
+                }
             return
         if rec["state"] == state:
             return
@@ -94,7 +104,9 @@ class Model:
             self.bury(key, False)
             self.reported -= {(key, "state"), (key, "stall"), (key, "lifetime")}
             return
+        self.seq += 1
         rec.update(state=state, entered=max(t, rec["entered"]), beat=max(t, rec["entered"]))
+        rec.update(s_state=self.seq, s_beat=self.seq)
         self.reported -= {(key, "state"), (key, "stall")}
 
     def heartbeat(self, key: int, t: float) -> bool:
@@ -103,6 +115,8 @@ class Model:
             return False
         if t > rec["beat"]:  # a renewal that renews nothing re-arms nothing
             rec["beat"] = t
+            self.seq += 1
+            rec["s_beat"] = self.seq
             self.reported.discard((key, "stall"))
         return True
 
@@ -115,34 +129,54 @@ class Model:
             self.gone.pop(key, None)
         return tracked
 
-    def due(self, rec: dict[str, Any]) -> list[tuple[float, str, float]]:
+    def due(self, rec: dict[str, Any]) -> list[tuple[float, str, float, tuple[int, int, int]]]:
+        """(due, reason, since, order): *order* is where the watchdog meets the entry in
+        one check (clock by clock: state deadlines in spec order, progress windows, the
+        lifetime; within a clock, in the order entries were made). Ties between a
+        request's deadlines go to the most specific reason, as documented."""
         deadline = self.spec.deadlines[rec["state"]]
+        slot = list(self.spec.deadlines).index(rec["state"])
         out = []
         if deadline.seconds is not None:
-            out.append((rec["entered"] + deadline.seconds, "state", rec["entered"]))
+            out.append(
+                (
+                    rec["entered"] + deadline.seconds,
+                    "state",
+                    rec["entered"],
+                    (0, slot, rec["s_state"]),
+                )
+            )
         if deadline.stall is not None:
-            out.append((rec["beat"] + deadline.stall, "stall", rec["beat"]))
+            out.append(
+                (rec["beat"] + deadline.stall, "stall", rec["beat"], (1, slot, rec["s_beat"]))
+            )
         if self.spec.lifetime is not None:
-            out.append((rec["born"] + self.spec.lifetime, "lifetime", rec["born"]))
-        # ties: the most specific reason first (state, stall, lifetime), as documented
-        return sorted(out, key=lambda d: d[0])
+            out.append(
+                (rec["born"] + self.spec.lifetime, "lifetime", rec["born"], (2, 0, rec["s_born"]))
+            )
+        return sorted(out, key=lambda d: (d[0], d[3]))
 
     def check(self, now: float) -> set[tuple[int, str, float]]:
         result = set()
+        expired = []
         for key, rec in list(self.live.items()):
             overdue = [d for d in self.due(rec) if d[0] <= now]
             if not overdue:
                 continue
             if self.mode == "enforce":
-                _, reason, since = overdue[0]
+                due, reason, since, order = overdue[0]
                 result.add((key, reason, since))
-                del self.live[key]
-                self.bury(key, True)
+                expired.append(((due, order), key))
             else:
-                for _, reason, since in overdue:
+                for _, reason, since, _order in overdue:
                     if (key, reason) not in self.reported:
                         self.reported.add((key, reason))
                         result.add((key, reason, since))
+        # the watchdog remembers expired keys in the order it finds them (a full memory
+        # forgets the oldest first)
+        for _, key in sorted(expired):
+            del self.live[key]
+            self.bury(key, True)
         return result
 
 
