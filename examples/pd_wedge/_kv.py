@@ -171,8 +171,9 @@ def start_bootstrap_server(engine: str, port: int, timeout: float = 20.0):
             time.sleep(0.05)
 
 
-def make_manager(engine: str, mode: str, pool: HostPool):
-    """Create the engine's real KV manager (NIXL agent / Mooncake engine included)."""
+def make_manager(engine: str, mode: str, pool: HostPool, kv_args: KVArgs | None = None):
+    """Create the engine's real KV manager (NIXL agent / Mooncake engine included), over
+    *pool*'s buffers (or *kv_args*, when the caller registers more)."""
     if engine == "mooncake":
         from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (
             init_mooncake_transfer_engine,
@@ -181,4 +182,5 @@ def make_manager(engine: str, mode: str, pool: HostPool):
         init_mooncake_transfer_engine(HOST, gpu_id=0)
     dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
     manager_cls = kv_class(engine, "MANAGER")
-    return manager_cls(pool.kv_args(), dmode, get_context().server_args, False)
+    args = pool.kv_args() if kv_args is None else kv_args
+    return manager_cls(args, dmode, get_context().server_args, False)
