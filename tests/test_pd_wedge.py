@@ -2,8 +2,9 @@
 
 Runs the real command, ``python -m examples.pd_wedge --quick``, on both transfer engines
 (NIXL over UCX/TCP, Mooncake over TCP) with faults 1 (decode frozen mid-transfer) and 4
-(abort storm racing transfer completion), in a subprocess, and asserts on the outcome
-table it wrote (results.json):
+(abort storm racing transfer completion) on the prefill side, and both decode-side faults
+(a prefill frozen before registration; a prefill frozen after decode sent its metadata),
+in a subprocess, and asserts on the outcome table it wrote (results.json):
 
 * without stallguard, the frozen decode leaves requests pinned in the prefill inflight
   queue at the observation point (the wedge is reproduced, on both engines), among them
@@ -12,10 +13,15 @@ table it wrote (results.json):
   load_plugins()), nothing is pinned, nothing is left at the end, no healthy request
   fails, stallguard did fail the frozen ones, and each forced failure came from the
   first scheduler pass after its deadline;
-* the bytes that did arrive at decode are the ones prefill wrote.
+* the bytes that did arrive at decode are the ones prefill wrote;
+* decode side: without stallguard the frozen prefill pins decode requests in phases
+  SGLang 0.5.23 does not bound (pending before ``init()``, ``Bootstrapping``) or bounds
+  only at 300 s (after ``send_metadata``); with it (the decode server launched with
+  STALLGUARD_SGLANG_CONFIG) nothing is pinned or left, no healthy request fails, and
+  every forced failure came from the first queue call after its deadline.
 
-Needs the environment `python3 tools/dev.py env` builds (skipped otherwise). About a
-minute on 2 cores.
+Needs the environment `python3 tools/dev.py env` builds (skipped otherwise). About two
+minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ def demo(tmp_path_factory):
             "--engines",
             "nixl,mooncake",
             "--scenarios",
-            "freeze,aborts",
+            "freeze,aborts,prefill-freeze,prefill-freeze-sent",
             "--out",
             str(out),
         ],
@@ -77,7 +83,7 @@ def test_command_succeeds_and_prints_the_table(demo):
     proc, out, runs = demo
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "failed by stallguard" in proc.stdout
-    assert len(runs) == 8  # 2 engines x 2 scenarios x 2 arms
+    assert len(runs) == 16  # 2 engines x 4 scenarios x 2 arms
     png = out / "pd_wedge.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -122,3 +128,35 @@ def test_transferred_bytes_are_checked(demo, engine):
         r = demo[2][(engine, "freeze", arm)]
         assert r["decode_verified"] > 0
         assert r["decode_bad_bytes"] == 0
+
+
+@pytest.mark.parametrize("engine", ["nixl", "mooncake"])
+@pytest.mark.parametrize("scenario", ["prefill-freeze", "prefill-freeze-sent"])
+def test_frozen_prefill_pins_decode_requests_without_stallguard(demo, engine, scenario):
+    r = demo[2][(engine, scenario, "without")]
+    assert r["side"] == "decode"
+    assert r["pinned"] > 0 and r["failed_stallguard"] == 0
+    pinned = {(queue, phase) for _, queue, phase, _ in r["pinned_detail"]}
+    # requests for rooms the frozen prefill never registered: pending before init()
+    assert ("prealloc", "Bootstrapping") in pinned, r["pinned_detail"]
+    if scenario == "prefill-freeze-sent":  # and the one whose metadata it had received
+        assert ("transfer", "WaitingForInput") in pinned, r["pinned_detail"]
+    # SIGCONT ends the freeze: then every request completes, none is lost.
+    assert r["left"] == 0 and r["completed"] == r["sent"]
+
+
+@pytest.mark.parametrize("engine", ["nixl", "mooncake"])
+@pytest.mark.parametrize("scenario", ["prefill-freeze", "prefill-freeze-sent"])
+def test_stallguard_on_decode_fails_each_pinned_phase_at_its_deadline(demo, engine, scenario):
+    r = demo[2][(engine, scenario, "with")]
+    assert r["pinned"] == 0, r["pinned_detail"]
+    assert r["left"] == 0, r["left_detail"]
+    assert r["healthy"] > 0 and r["healthy_failed"] == 0
+    assert r["late_releases"] == 0, r["release_latency_ms"]
+    assert not r["problems"], r["problems"]
+    assert r["sent"] == r["completed"] + r["failed_stallguard"] + r["failed_sglang"]
+    assert r["failed_stallguard"] > 0
+    assert len(r["release_latency_ms"]) == r["failed_stallguard"]
+    assert r["reasons"].get("stallguard: prealloc Bootstrapping deadline", 0) >= 1, r["reasons"]
+    if scenario == "prefill-freeze-sent":
+        assert r["reasons"].get("stallguard: transfer WaitingForInput deadline", 0) >= 1

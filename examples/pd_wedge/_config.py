@@ -25,6 +25,23 @@ SCENARIOS = {
     "on decode a few ms after the request)",
 }
 
+#: scenario name -> what it does to prefill A (the decode-side faults: the decode
+#: servers are the guarded side; prefill B always stays healthy).
+DECODE_SCENARIOS = {
+    "prefill-freeze": "prefill scheduler frozen before registration (SIGSTOP as the next "
+    "request arrives, before its KV sender registers the room with the bootstrap server, "
+    "which stays up; SIGCONT at the end of the fault window)",
+    "prefill-freeze-sent": "prefill frozen after send_metadata (SIGSTOP the moment a "
+    "decode's metadata for a room has arrived, before the KV is sent)",
+}
+ALL_SCENARIOS = (*SCENARIOS, *DECODE_SCENARIOS)
+
+#: Decode phases per queue, keyed for ``[decode.prealloc]`` / ``[decode.transfer]``.
+DECODE_PHASES = {
+    "prealloc": ("Bootstrapping", "WaitingForPrefill", "WaitingForInput"),
+    "transfer": ("WaitingForInput", "Transferring"),
+}
+
 #: Deadlines in seconds per KVPoll state, keyed for ``[prefill.deadlines]``.
 STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
 
@@ -48,6 +65,8 @@ class Profile:
         max_turn_tokens: prompt size cap (KV pages per request; 1 page = 4 KiB here).
         mooncake_timeout: Mooncake's own stall bound (MC_TRANSFER_TIMEOUT), kept above
             every deadline so the transport does not end a freeze before stallguard would.
+        decode_deadlines: stallguard-sglang ``[decode.prealloc]`` and
+            ``[decode.transfer]``, per phase.
     """
 
     name: str
@@ -61,6 +80,10 @@ class Profile:
     mooncake_waiting: float = 1.5
     max_turn_tokens: int = 32
     mooncake_timeout: float = 30.0
+    decode_deadlines: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def decode_deadline(self, queue: str, phase: str) -> float:
+        return self.decode_deadlines[queue][phase]
 
     def deadline(self, engine: str, state: str) -> float:
         if engine == "mooncake" and state == "WaitingForInput":
@@ -82,6 +105,10 @@ QUICK = Profile(
     deadlines={"Bootstrapping": 1.2, "WaitingForInput": 1.0, "Transferring": 1.0},
     mooncake_waiting=1.2,
     max_turn_tokens=16,
+    decode_deadlines={
+        "prealloc": {"Bootstrapping": 1.2, "WaitingForPrefill": 1.0, "WaitingForInput": 1.0},
+        "transfer": {"WaitingForInput": 1.0, "Transferring": 1.0},
+    },
 )
 DEFAULT = replace(
     QUICK,
@@ -93,6 +120,10 @@ DEFAULT = replace(
     deadlines={"Bootstrapping": 1.5, "WaitingForInput": 1.0, "Transferring": 1.0},
     mooncake_waiting=1.5,
     max_turn_tokens=32,
+    decode_deadlines={
+        "prealloc": {"Bootstrapping": 1.5, "WaitingForPrefill": 1.0, "WaitingForInput": 1.0},
+        "transfer": {"WaitingForInput": 1.0, "Transferring": 1.0},
+    },
 )
 FULL = replace(
     DEFAULT,
@@ -105,12 +136,18 @@ FULL = replace(
     deadlines={"Bootstrapping": 3.0, "WaitingForInput": 2.0, "Transferring": 2.0},
     mooncake_waiting=3.0,
     max_turn_tokens=128,
+    decode_deadlines={
+        "prealloc": {"Bootstrapping": 3.0, "WaitingForPrefill": 2.0, "WaitingForInput": 2.0},
+        "transfer": {"WaitingForInput": 2.0, "Transferring": 2.0},
+    },
 )
 PROFILES = {p.name: p for p in (QUICK, DEFAULT, FULL)}
 
 
 def write_stallguard_config(profile: Profile, path: Path) -> Path:
-    """The stallguard-sglang configuration of the "with" arm."""
+    """The stallguard-sglang configuration of the "with" arm: its prefill server (the
+    prefill-side faults) and its decode server (the decode-side faults) read the same
+    file, each side using its own sections."""
     lines = [
         '# stallguard-sglang configuration of the pd_wedge demo\'s "with stallguard" arm.',
         "[prefill]",
@@ -122,6 +159,12 @@ def write_stallguard_config(profile: Profile, path: Path) -> Path:
         "[prefill.backends.mooncake.deadlines]",
         f"WaitingForInput = {profile.mooncake_waiting}",
         "",
+        "[decode]",
+        'mode = "enforce"',
     ]
+    for queue, phases in DECODE_PHASES.items():
+        lines += ["", f"[decode.{queue}]"]
+        lines += [f"{phase} = {profile.decode_deadline(queue, phase)}" for phase in phases]
+    lines.append("")
     path.write_text("\n".join(lines))
     return path

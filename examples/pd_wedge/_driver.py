@@ -48,6 +48,9 @@ class RunResult:
     engine: str
     scenario: str
     arm: str
+    #: the guarded side: "prefill" (decode faults, the inflight queue) or "decode"
+    #: (prefill faults, the decode queues)
+    side: str = "prefill"
     sent: int = 0
     completed: int = 0
     failed_stallguard: int = 0

@@ -44,9 +44,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--scenarios",
-        default=",".join(_config.SCENARIOS),
-        type=lambda v: _split(v, tuple(_config.SCENARIOS), "scenarios"),
-        help="faults to inject: " + ", ".join(_config.SCENARIOS) + " (default: all)",
+        default=",".join(_config.ALL_SCENARIOS),
+        type=lambda v: _split(v, _config.ALL_SCENARIOS, "scenarios"),
+        help="faults to inject: on a decode (the prefill side is guarded): "
+        + ", ".join(_config.SCENARIOS)
+        + "; on a prefill (the decode side is guarded): "
+        + ", ".join(_config.DECODE_SCENARIOS)
+        + " (default: all)",
     )
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="shorter runs (the test suite's)")
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
     _env.apply(_env.mooncake_transport_env(profile.mooncake_timeout))
     os.environ["SGLANG_DISAGGREGATION_QUEUE_SIZE"] = "4"
 
-    from . import _driver, _report
+    from . import _ddriver, _driver, _report
 
     print(
         f"pd_wedge: profile {profile.name}, engines {','.join(args.engines)}, scenarios "
@@ -97,14 +101,20 @@ def main(argv=None) -> int:
     )
     t = time.monotonic()
     try:
-        results = _driver.run_all(
-            args.engines,
-            args.scenarios,
-            profile,
-            out,
-            seed=args.seed,
-            log=lambda msg: print(msg, flush=True),
-        )
+        results = []
+        for module, names in (
+            (_driver, [s for s in args.scenarios if s in _config.SCENARIOS]),
+            (_ddriver, [s for s in args.scenarios if s in _config.DECODE_SCENARIOS]),
+        ):
+            if names:
+                results += module.run_all(
+                    args.engines,
+                    names,
+                    profile,
+                    out,
+                    seed=args.seed,
+                    log=lambda msg: print(msg, flush=True),
+                )
     except (_driver.HarnessError, _driver.WorkerError) as exc:
         print(f"pd_wedge: the demo could not run: {exc}")
         return 2
@@ -123,7 +133,8 @@ def main(argv=None) -> int:
     bad = [r for r in results if not r.ok()]
     for r in bad:
         print(
-            f"FAIL {r.engine}/{r.scenario} with stallguard: pinned={r.pinned} left={r.left} "
+            f"FAIL {r.engine}/{r.scenario} ({r.side} side) with stallguard: "
+            f"pinned={r.pinned} left={r.left} "
             f"healthy_failed={r.healthy_failed} late_releases={r.late_releases} "
             f"problems={r.problems[:3]}"
         )

@@ -1,4 +1,6 @@
-"""Worker processes: one prefill and two decodes per run, each its own OS process.
+"""Worker processes, each its own OS process: for the prefill-side faults two prefills
+and two decodes per engine; for the decode-side faults a bootstrap server process, two
+prefills and two decode servers.
 
 Importing SGLang costs 6-13 s per interpreter, and the demo starts a dozen processes, so
 the workers are forked from a multiprocessing *fork server* that imported SGLang once
@@ -63,10 +65,24 @@ def worker_main(role: str, conn, spec: dict) -> None:
             from . import _prefill
 
             _prefill.run(conn, spec)
-        else:
+        elif role == "decode":
             from . import _decode
 
             _decode.run(conn, spec)
+        elif role == "bootstrap":
+            from . import _ppeer
+
+            _ppeer.run_bootstrap(conn, spec)
+        elif role == "ppeer":
+            from . import _ppeer
+
+            _ppeer.run(conn, spec)
+        elif role == "dserver":
+            from . import _dserver
+
+            _dserver.run(conn, spec)
+        else:
+            raise ValueError(f"unknown worker role {role!r}")
     except BaseException:
         code = 1
         text = traceback.format_exc()

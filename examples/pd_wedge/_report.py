@@ -29,7 +29,9 @@ def _latency(r: RunResult) -> str:
     if not r.release_latency_ms:
         return "-"
     lat = r.release_latency_ms
-    text = f"{statistics.median(lat):.0f}/{max(lat):.0f}"
+    # (rounded to whole ms; a release measured a fraction of a ms before the deadline is
+    # the clock-read slack between the worker's timestamps and the adapter's)
+    text = f"{round(statistics.median(lat))}/{round(max(lat))}"
     if r.late_releases:
         text += f" ({r.late_releases} late)"
     return text
@@ -161,17 +163,24 @@ def plot(results: list[RunResult], profile: Profile, path: Path) -> Path:
                 fontsize=7,
                 bbox={"facecolor": "white", "edgecolor": "0.8", "alpha": 0.9},
             )
-            ax.set_title(f"{engine}: {scenario}", fontsize=10)
+            side = next(r.side for r in results if r.scenario == scenario)
+            where = "prefill inflight queue" if side == "prefill" else "decode queues"
+            ax.set_title(f"{engine}: {scenario} ({where} guarded)", fontsize=10)
             ax.set_xlabel("seconds since the fault took effect (grey: fault window)", fontsize=8)
-            ax.set_ylabel("requests in inflight queue", fontsize=8)
+            ax.set_ylabel(f"requests in {where}", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=7, loc="upper right")
     dl = ", ".join(f"{k} {v:g}s" for k, v in profile.deadlines.items())
+    ddl = "; ".join(
+        f"{queue} " + ", ".join(f"{k} {v:g}s" for k, v in phases.items())
+        for queue, phases in profile.decode_deadlines.items()
+    )
     fig.suptitle(
-        f"Prefill inflight queue under decode faults\n(deadlines: {dl}; "
-        f"loop {profile.loop_interval * 1000:.0f} ms)",
+        f"Prefill inflight queue under decode faults (deadlines: {dl});\ndecode queues "
+        f"under prefill faults (deadlines: {ddl});\nscheduler loop "
+        f"{profile.loop_interval * 1000:.0f} ms",
         fontsize=9,
     )
     fig.tight_layout()

@@ -1,0 +1,119 @@
+"""The decode-side faults' prefill: a DP-2 prefill server's KV side (``_dp_prefill``),
+and its bootstrap server in a process of its own, as SGLang runs it (the bootstrap
+server lives in the HTTP server process, not in the scheduler).
+
+The prefill loop is the KV part of a prefill scheduler and nothing more: a request that
+arrives gets its ``KVSender`` (which registers the room with the bootstrap server), and
+once decode's metadata has arrived (the sender is ``WaitingForInput``) its KV is sent.
+The prefill-side guard is not what these faults are about (the prefill-side faults run
+SGLang's real inflight queue, ``_prefill.py``); here the prefill is the faulty peer.
+
+Faults, injected on request: the process stops itself (``SIGSTOP``: scheduler, transfer
+engine threads and all), either when the next request arrives, before it registers it
+("frozen before registration"), or when the next room's decode metadata has arrived,
+before it sends the KV ("frozen after send_metadata"). The driver sends ``SIGCONT``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+
+from sglang.srt.disaggregation.base import KVPoll
+
+from . import _dp_prefill, _kv, _rpc
+
+log = logging.getLogger("pd_wedge.ppeer")
+
+
+def run_bootstrap(conn: Connection, spec: dict) -> None:
+    """The bootstrap servers of the prefills (one port each), in one process."""
+    servers = [_kv.start_bootstrap_server(spec["engine"], port) for port in spec["ports"]]
+    conn.send(("ready", {"pid": os.getpid(), "servers": len(servers)}))
+    while _rpc.drain(conn, {"ping": lambda: os.getpid()}, wait=0.5):
+        pass
+
+
+def run(conn: Connection, spec: dict) -> None:
+    engine, port = spec["engine"], spec["bootstrap_port"]
+    _dp_prefill.install_context(engine, port)
+    ranks = _dp_prefill.PrefillRanks(engine, port, _kv.Layout(**spec["layout"]))
+    flags = {"freeze_on_submit": False, "freeze_on_metadata": False}
+    live: dict[int, int] = {}  # room -> pages, until the sender concludes
+    sent: set[int] = set()
+    counters = {"registered": 0, "sent": 0, "succeeded": 0, "failed": 0}
+    marks: list[float] = []  # when the driver's "mark" messages were handled
+
+    def freeze() -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns when the driver sends SIGCONT
+
+    def submit(room: int, pages: int) -> None:
+        if flags["freeze_on_submit"]:
+            flags["freeze_on_submit"] = False
+            freeze()  # frozen before this room (and every later one) is registered
+        ranks.register(room)
+        live[room] = pages
+        counters["registered"] += 1
+
+    def set_flag(name: str, value: bool = True) -> None:
+        if name not in flags:
+            raise ValueError(f"unknown prefill flag {name!r}")
+        flags[name] = value
+
+    def reset() -> dict:
+        """Forget the scenario's rooms (a sender whose decode gave up before it sent its
+        metadata waits for its bootstrap timeout in SGLang: the harness aborts it)."""
+        left = len(live)
+        for room in list(live):
+            sender = ranks.senders.get(room)
+            if sender is not None:
+                sender.abort()
+            ranks.forget(room)
+        live.clear()
+        sent.clear()
+        out = {**counters, "left": left, "marks": list(marks)}
+        counters.update(registered=0, sent=0, succeeded=0, failed=0)
+        marks.clear()
+        return out
+
+    running = True
+
+    def shutdown() -> None:
+        nonlocal running
+        running = False
+
+    handlers = {
+        "submit": submit,
+        # handled after every message sent before it: when a resumed prefill has
+        # worked through the requests that arrived while it was stopped
+        "mark": lambda: marks.append(time.monotonic()),
+        "flag": set_flag,
+        "reset": reset,
+        "ping": lambda: os.getpid(),
+        "shutdown": shutdown,
+    }
+    conn.send(("ready", {"pid": os.getpid()}))
+    while running:
+        if not _rpc.drain(conn, handlers, wait=0.005):
+            break
+        for room in list(live):
+            status = ranks.poll(room)
+            if status == KVPoll.WaitingForInput and room not in sent:
+                if flags["freeze_on_metadata"]:
+                    flags["freeze_on_metadata"] = False
+                    freeze()  # decode published its pages; the KV is never sent
+                try:
+                    ranks.send(room, live[room])
+                except Exception:  # e.g. decode's ABORT arrived meanwhile: SGLang logs it
+                    log.exception("room %s: send failed", room)
+                sent.add(room)
+                counters["sent"] += 1
+            elif status in (KVPoll.Success, KVPoll.Failed):
+                counters["succeeded" if status == KVPoll.Success else "failed"] += 1
+                del live[room]
+                sent.discard(room)
+                ranks.forget(room)
+        time.sleep(0.005)
