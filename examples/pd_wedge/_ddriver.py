@@ -233,6 +233,8 @@ class DecodeRun:
                 r.problems.append(str(exc))
         marks = self.rig.reset().get("A", {}).get("marks", [])
         self.recovered = marks[0] if marks else None
+        for r in self.results.values():
+            r.recovered_at = self.recovered
         for arm, got in collected.items():
             self._tally(self.results[arm], got, {row[0] for row in rows[arm]})
 

@@ -71,6 +71,8 @@ class RunResult:
     fault_start: float | None = None  # the driver saw it take effect
     observed_at: float | None = None
     fault_end: float | None = None
+    #: decode side: when prefill A had worked through its backlog after SIGCONT
+    recovered_at: float | None = None
     end: float = 0.0
     samples: list[tuple[float, float, int, int]] = field(default_factory=list)
     releases: list[tuple[float, str]] = field(default_factory=list)  # (t, kind)
