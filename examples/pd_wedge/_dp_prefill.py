@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from sglang.srt.disaggregation.base.conn import KVPoll
-from sglang.srt.runtime_context import get_context, get_parallel
+from sglang.srt.runtime_context import get_context
 
 from . import _kv
 from ._decode_queues import metadata_buffers
@@ -58,21 +58,8 @@ class PrefillRanks:
 
             init_mooncake_transfer_engine(_kv.HOST, gpu_id=0)  # one engine per process
         for rank in range(DP):
-            get_parallel().override_permanently(
-                tp_rank=0,
-                attn_tp_rank=0,
-                attn_cp_rank=0,
-                attn_dp_rank=0,  # system DP: the rank is kv_args.system_dp_rank
-                attn_dcp_rank=0,
-                pp_rank=0,
-                moe_ep_rank=0,
-                moe_tp_rank=0,
-                moe_dp_rank=0,
-                pp_group=None,
-                dp_size=DP,
-                num_dp_ranks=DP,
-                load_balance_method="round_robin",
-            )
+            # system DP: a rank is kv_args.system_dp_rank (attn_dp_rank stays 0)
+            _kv.single_rank(dp_size=DP, num_dp_ranks=DP, load_balance_method="round_robin")
             pool = _kv.HostPool(layout)
             args = pool.kv_args()
             args.system_dp_rank = rank

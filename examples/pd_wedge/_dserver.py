@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 from multiprocessing.connection import Connection
 
@@ -30,34 +29,6 @@ TARGET = "pop_preallocated"
 _FAILED, _BOOTSTRAPPING, _WAITING, _TRANSFERRING, _SUCCESS = range(5)
 #: "... spent 1.5s in Bootstrapping in the decode prealloc queue, ..." (the adapter's reason)
 _REASON = re.compile(r" in (\w+) in the decode (prealloc|transfer) queue")
-
-
-class _StatusProbe:
-    """Measurement only: timestamps every status change of a room on the decode manager
-    (installed on the instance; calls the class's ``update_status``, whatever plugins
-    made of it)."""
-
-    def __init__(self, mgr) -> None:
-        self.log: dict[int, list[tuple[float, int]]] = {}
-        self.lock = threading.Lock()
-        cls_update = type(mgr).update_status
-
-        def update_status(room, status, *args, **kwargs):
-            before = mgr.request_status.get(room)
-            result = cls_update(mgr, room, status, *args, **kwargs)
-            after = mgr.request_status.get(room)
-            if after != before and after is not None:
-                with self.lock:
-                    self.log.setdefault(room, []).append((time.monotonic(), int(after)))
-            return result
-
-        mgr.update_status = update_status
-
-    def entered(self, room: int, status: int) -> float | None:
-        """When the room last changed into *status*."""
-        with self.lock:
-            times = [t for t, s in self.log.get(room, ()) if s == status]
-        return times[-1] if times else None
 
 
 def phase_of(queue: str, dreq) -> str:
@@ -90,7 +61,7 @@ def run(conn: Connection, spec: dict) -> None:
     layout = _kv.Layout(**spec["layout"])
     node = _decode_queues.DecodeNode([f"{_kv.HOST}:{p}" for p in ports], engine, layout)
     side = _decode_queues.DecodeSide(node, free_slots=spec["free_slots"])
-    probe = _StatusProbe(node.mgr)
+    probe = _kv.StatusProbe(node.mgr)
 
     added: dict[str, float] = {}
     rooms: dict[str, int] = {}

@@ -13,6 +13,7 @@ has set the environment (SGLang and the engines read it at import time).
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -126,6 +127,57 @@ class HostPool:
         self.aux[aux_row] = 0
 
 
+class StatusProbe:
+    """Measurement only: timestamps every status change of a room on a KV manager.
+
+    Installed on the manager *instance*; it calls the class's ``update_status`` (whatever
+    plugins made of it) and records ``(monotonic time, new status)`` in ``log[room]``
+    when the room's status actually changed (under ``lock``). The demo uses it to know
+    when each deadline was due.
+    """
+
+    def __init__(self, mgr) -> None:
+        self.log: dict[int, list[tuple[float, int]]] = {}
+        self.lock = threading.Lock()
+        cls_update = type(mgr).update_status
+
+        def update_status(room, status, *args, **kwargs):
+            before = mgr.request_status.get(room)
+            result = cls_update(mgr, room, status, *args, **kwargs)
+            after = mgr.request_status.get(room)
+            if after != before and after is not None:
+                with self.lock:
+                    self.log.setdefault(room, []).append((time.monotonic(), int(after)))
+            return result
+
+        mgr.update_status = update_status
+
+    def entered(self, room: int, status: int) -> float | None:
+        """When the room last changed into *status* (None: never, as far as seen)."""
+        with self.lock:
+            times = [t for t, s in self.log.get(room, ()) if s == status]
+        return times[-1] if times else None
+
+
+def single_rank(**extra) -> None:
+    """Publish a parallel layout of one rank everywhere (TP, CP, PP, MoE), plus *extra*
+    (``dp_size``, ``tp_rank``, ...)."""
+    layout = dict(
+        tp_rank=0,
+        attn_tp_rank=0,
+        attn_cp_rank=0,
+        attn_dp_rank=0,
+        attn_dcp_rank=0,
+        pp_rank=0,
+        moe_ep_rank=0,
+        moe_tp_rank=0,
+        moe_dp_rank=0,
+        pp_group=None,
+    )
+    layout.update(extra)
+    get_parallel().override_permanently(**layout)
+
+
 def install_context(mode: str, engine: str, bootstrap_port: int) -> None:
     """Publish the server args and parallel layout SGLang's KV classes read.
 
@@ -138,18 +190,7 @@ def install_context(mode: str, engine: str, bootstrap_port: int) -> None:
         disaggregation_bootstrap_port=bootstrap_port,
         host=HOST,
     ).install()
-    get_parallel().override_permanently(
-        tp_rank=0,
-        attn_tp_rank=0,
-        attn_cp_rank=0,
-        attn_dp_rank=0,
-        attn_dcp_rank=0,
-        pp_rank=0,
-        moe_ep_rank=0,
-        moe_tp_rank=0,
-        moe_dp_rank=0,
-        pp_group=None,
-    )
+    single_rank()
 
 
 def kv_class(engine: str, kind: str):

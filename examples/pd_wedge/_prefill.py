@@ -21,7 +21,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import threading
 import time
 from collections import deque
 from multiprocessing.connection import Connection
@@ -233,32 +232,6 @@ _SCHED: MiniPrefillScheduler | None = None
 # --------------------------------------------------------------------------- the process
 
 
-class _StatusProbe:
-    """Measurement only: timestamps every state change of a room on the prefill manager.
-
-    Installed on the manager *instance*; it calls the class's ``update_status`` (whatever
-    plugins made of it) and records ``(monotonic time, new status)`` when the room's status
-    actually changed. The driver uses it to know when each deadline was due.
-    """
-
-    def __init__(self, mgr):
-        self.mgr = mgr
-        self.log: dict[int, list[tuple[float, int]]] = {}
-        self.lock = threading.Lock()
-        cls_update = type(mgr).update_status
-
-        def update_status(room, status, *args, **kwargs):
-            before = mgr.request_status.get(room)
-            result = cls_update(mgr, room, status, *args, **kwargs)
-            after = mgr.request_status.get(room)
-            if after != before and after is not None:
-                with self.lock:
-                    self.log.setdefault(room, []).append((time.monotonic(), int(after)))
-            return result
-
-        mgr.update_status = update_status
-
-
 def run(conn: Connection, spec: dict) -> None:
     global _SCHED
     engine, port = spec["engine"], spec["bootstrap_port"]
@@ -291,7 +264,7 @@ def run(conn: Connection, spec: dict) -> None:
     server = _kv.start_bootstrap_server(engine, port)
     pool = _kv.HostPool(layout)
     mgr = _kv.make_manager(engine, "prefill", pool)
-    probe = _StatusProbe(mgr)
+    probe = _kv.StatusProbe(mgr)
     sched = _SCHED = MiniPrefillScheduler(engine, mgr, pool, spec, group)
     bq = sched.disagg_prefill_bootstrap_queue
 
