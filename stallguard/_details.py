@@ -37,7 +37,8 @@ class Expiry(Generic[K]):
         reason: ``"state"``, ``"lifetime"`` or ``"stall"``.
         mode: ``"enforce"`` (the request is failed and untracked) or ``"report"`` (nothing
             is failed; the expiry is only reported).
-        attributes: user attributes attached with :meth:`~stallguard.Watchdog.annotate`.
+        attributes: user attributes attached with :meth:`~stallguard.Watchdog.annotate`,
+            and those the watchdog's ``describe`` function gave for the key.
         trace_parent: a parent span context attached with
             :meth:`~stallguard.Watchdog.annotate` (an OpenTelemetry ``Context`` or
             ``SpanContext``), or None.

@@ -235,6 +235,25 @@ class Listener:
         return self.watchdog.remove_listener(self)
 
 
+def _describe_hook(describe: Callable[[Any], Mapping[str, Any]]) -> Callable[[Expiry[Any]], None]:
+    """The first hook of every expiry of a watchdog with ``describe=``: adds what
+    *describe* says of the key to the expiry's attributes (a fresh dict of that expiry's
+    own, not yet seen by any other hook), without overriding annotated ones."""
+
+    def describe_key(expiry: Expiry[Any]) -> None:
+        described = describe(expiry.key)
+        if not isinstance(described, Mapping):
+            raise TypeError(f"describe() must return a mapping, got {described!r}")
+        attributes = cast("dict[str, Any]", expiry.attributes)  # the watchdog's own dict
+        for name, value in described.items():
+            if not isinstance(name, str):
+                raise TypeError(f"attribute names must be strings, got {name!r}")
+            attributes.setdefault(name, value)
+
+    describe_key.__qualname__ = f"describe ({getattr(describe, '__qualname__', describe)!s})"
+    return describe_key
+
+
 def _hooks(on_expire: object) -> tuple[Callable[[Expiry[Any]], object], ...]:
     if on_expire is None:
         return ()
@@ -304,6 +323,14 @@ class Watchdog(Generic[K]):
             request (default 65,536). The oldest are forgotten first.
         statistics: record time in state for :meth:`statistics` and :meth:`advice`
             (default False; see :class:`~stallguard.WatchdogOptions`).
+        describe: a function of a key returning span attributes (a mapping with string
+            keys) for its :class:`~stallguard.Expiry`, called only when the key expires,
+            outside the lock, before any hook sees the expiry: what an integration
+            would otherwise :meth:`annotate` on every request, paid only for the few
+            that expire. Attributes set with :meth:`annotate` win over it. If it raises
+            an ``Exception`` (or returns something else than such a mapping), that is
+            logged and counted like a failing hook and the expiry goes on without its
+            attributes; a ``BaseException`` is handled like one raised by a hook.
 
     Raises:
         ConfigError: naming the argument and the bad value.
@@ -325,6 +352,7 @@ class Watchdog(Generic[K]):
         unknown_state: str | None = None,
         memory: int | None = None,
         statistics: bool | None = None,
+        describe: Callable[[K], Mapping[str, Any]] | None = None,
     ) -> None:
         if not isinstance(spec, Spec):
             raise ConfigError(f"spec must be a stallguard.Spec, got {spec!r}")
@@ -350,6 +378,12 @@ class Watchdog(Generic[K]):
         self._mode: Mode = options.mode
         self._clock = options.clock
         self._enforce_hooks = _hooks(on_expire)
+        if describe is not None and not callable(describe):
+            raise ConfigError(f"describe must be a callable, got {describe!r}")
+        #: runs first for every expiry (see _describe_hook)
+        self._describe_hooks: tuple[Callable[[Expiry[K]], object], ...] = (
+            () if describe is None else (_describe_hook(describe),)
+        )
         self._raise_unknown = options.unknown_state == "raise"
         self._memory = options.memory
 
@@ -788,6 +822,7 @@ class Watchdog(Generic[K]):
             hooks = self._expire_listeners + _registry.active_hooks()
             if self._mode == "enforce":
                 hooks = self._enforce_hooks + hooks
+            hooks = self._describe_hooks + hooks
             if hooks or carried:
                 work = [*carried, *[(e, hooks) for e in expiries]]
         if work:

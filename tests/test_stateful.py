@@ -189,13 +189,20 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.arm: str | None = None
         self.delivered: list[tuple[int, str, float]] = []  # every expiry the action saw
         self.carried: set[tuple[int, str, float]] = set()  # due, not yet returned
+        # describe=: what it should do on its next call (None, "error", "interrupt"), the
+        # keys it was called for, and the attributes each delivered expiry carried
+        self.describe_arm: str | None = None
+        self.described: list[int] = []
+        self.failed_describe = 0
+        self.attributes: list[tuple[int, dict[str, Any]]] = []
 
     @initialize(
         mode=st.sampled_from(["enforce", "report"]),
         memory=st.sampled_from([1, 3, 64]),
         lifetime=st.sampled_from([None, 12]),
+        describe=st.booleans(),
     )
-    def start(self, mode: str, memory: int, lifetime: float | None) -> None:
+    def start(self, mode: str, memory: int, lifetime: float | None, describe: bool) -> None:
         set_on_expire_hooks([])  # no logging or spans: the listeners see everything
         spec = SPEC.evolve(lifetime=lifetime)
         self.model = Model(mode, memory, spec)
@@ -203,6 +210,18 @@ class WatchdogMachine(RuleBasedStateMachine):
 
         def record(expiry: sg.Expiry[int]) -> None:
             self.delivered.append((expiry.key, expiry.reason, expiry.entered_at))
+            self.attributes.append((expiry.key, dict(expiry.attributes)))
+
+        def describe_key(key: int) -> dict[str, Any]:
+            self.described.append(key)
+            arm, self.describe_arm = self.describe_arm, None
+            if arm == "error":
+                self.failed_describe += 1
+                raise ValueError("describe failed")
+            if arm == "interrupt":
+                self.failed_describe += 1
+                raise Interrupt()
+            return {"described": key, "k": -1}  # "k": annotate's wins
 
         def action(expiry: sg.Expiry[int]) -> None:
             arm, self.arm = self.arm, None
@@ -217,7 +236,9 @@ class WatchdogMachine(RuleBasedStateMachine):
             mode=mode,  # type: ignore[arg-type]
             memory=memory,
             unknown_state="raise",
+            describe=describe_key if describe else None,
         )
+        self.describing = describe
         # the recorder sees every expiry in both modes; the action may raise
         self.wd.add_listener(on_expire=record)
         self.wd.add_listener(on_expire=action)
@@ -264,6 +285,10 @@ class WatchdogMachine(RuleBasedStateMachine):
     def arm_action(self, kind: str) -> None:
         self.arm = kind
 
+    @rule(kind=st.sampled_from(["error", "interrupt"]))
+    def arm_describe(self, kind: str) -> None:
+        self.describe_arm = kind
+
     @rule(explicit=st.booleans())
     def check(self, explicit: bool) -> None:
         now = self.clock()
@@ -284,6 +309,18 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert len(returned) == len(got), f"an expiry returned twice: {got}"
         assert returned == expected
         self.carried = set()
+        if self.describing:  # describe ran once for every expiry, before every hook
+            assert len(self.described) == len(self.delivered)
+            described = [key for key, attrs in self.attributes if "described" in attrs]
+            assert len(described) == len(self.attributes) - self.failed_describe
+        else:
+            assert self.described == []
+        for key, attrs in self.attributes:
+            if "described" in attrs:
+                assert attrs["described"] == key
+                assert attrs["k"] in (key, -1)
+            elif "k" in attrs:
+                assert attrs["k"] == key  # annotated only
 
     @precondition(lambda self: self.model.mode == "enforce")
     @rule(key=KEYS)

@@ -19,6 +19,7 @@ assert_type(options.mode, sg.Mode)
 assert_type(options.memory, int)
 
 wd: sg.Watchdog[int] = sg.Watchdog(spec, options=options, on_expire=lambda e: e.key + 1)
+described: sg.Watchdog[int] = sg.Watchdog(spec, describe=lambda key: {"room": key + 1})
 assert_type(wd.observe(1, "Transferring"), None)
 assert_type(wd.heartbeat(1), bool)
 assert_type(wd.forget(1), bool)

@@ -176,6 +176,7 @@ class _DecodeGuard(QueueMembership):
             on_expire=self._on_expire if mode == "enforce" else None,
             mode=mode,  # type: ignore[arg-type]
             memory=1,  # keys are unique per stay; a left entry is never observed again
+            describe=self._describe,
         )
         self.clock = self.wd.clock
         self.lock = threading.Lock()  # phase updates come from transfer threads too
@@ -187,6 +188,16 @@ class _DecodeGuard(QueueMembership):
     def watchdogs(self) -> dict[str, Watchdog[Any]]:
         """This queue's watchdog, under the backend of its requests."""
         return {self.backend or "decode": self.wd}
+
+    def _describe(self, entry: _Entry) -> dict[str, Any]:
+        """The span attributes of an expiring request (the watchdog's ``describe``)."""
+        return _attributes(
+            rid=str(entry.rid),
+            bootstrap_room=entry.room,
+            backend=entry.backend,
+            tp_rank=self.tp_rank,
+            queue=self.kind,
+        )
 
     # ------------------------------------------------------------------ phases
 
@@ -248,14 +259,10 @@ class _DecodeGuard(QueueMembership):
             # (read after the entry is reachable from the hooks: a change this read
             # misses is observed by the hook)
             self.refresh(entry, now)
-            attributes = _attributes(
-                rid=str(entry.rid),
-                bootstrap_room=entry.room,
-                backend=backend,
-                tp_rank=self.tp_rank,
-                queue=self.kind,
-            )
-            self.wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(dreq.req))
+            # span attributes: computed only if the request expires (_describe)
+            parent = _trace_parent(dreq.req)
+            if parent is not None:
+                self.wd.annotate(entry, trace_parent=parent)
 
     def _leave(self, entry: Any) -> None:
         with self.lock:

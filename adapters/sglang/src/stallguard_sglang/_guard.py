@@ -122,13 +122,11 @@ class Lane:
         state = entry.state = read_state(entry)
         if state not in LIVE:
             return  # concluding already (or its room is gone): it leaves in this call
-        wd = self.wd
-        wd.observe(entry, KVPOLL[state], at=now)
-        attributes = {_RID: str(entry.rid)}
-        if entry.room is not None:
-            attributes[_ROOM] = entry.room
-        attributes.update(self.static)
-        wd.annotate(entry, attributes=attributes, trace_parent=_trace_parent(entry.req))
+        self.wd.observe(entry, KVPOLL[state], at=now)
+        # span attributes: computed only if the request expires (describe_entry)
+        parent = _trace_parent(entry.req)
+        if parent is not None:
+            self.wd.annotate(entry, trace_parent=parent)
 
     def apply_events(self) -> None:
         """Apply the state changes the hooks captured since the last call (scheduler
@@ -163,6 +161,16 @@ class Lane:
         _metrics.count(
             "reported", guard.kind, self.backend, expiry.state_label, guard.metric_labels
         )
+
+
+def describe_entry(entry: Any) -> dict[str, Any]:
+    """The span attributes of an expiring request (the lanes' ``describe``): its rid,
+    room and what every request of its lane shares."""
+    attributes: dict[str, Any] = {_RID: str(entry.rid)}
+    if entry.room is not None:
+        attributes[_ROOM] = entry.room
+    attributes.update(entry.lane.static)
+    return attributes
 
 
 def _attributes(**values: Any) -> dict[str, Any]:
@@ -380,6 +388,7 @@ class QueueGuard(QueueMembership):
                 # requests that left: no need to remember concluded keys
                 memory=1,
                 statistics=True,  # time in state on /metrics, for `advise`
+                describe=describe_entry,
             )
             lane = Lane(self, backend, PROFILES[backend], wd)
             if wd.mode == "report":
