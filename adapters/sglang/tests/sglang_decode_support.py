@@ -85,6 +85,12 @@ def _prefill_main(conn: Any, port: int, policy: str, engine: str = "nixl") -> No
                 elif op == "send":  # the prefill forward pass done: send the KV
                     ranks.wait_and_send(*args_)
                     result = True
+                elif op == "complete":  # prefill_complete: the forward pass is done,
+                    # decode may allocate (SGLang's scheduler calls this after prefill)
+                    ranks.senders[args_[0]].mark_prefill_complete()
+                    result = ranks.status(args_[0])
+                elif op == "finish":  # the inflight queue: concluded, sender cleared
+                    result = _finish(ranks, *args_)
                 elif op == "stop":
                     conn.send(("ok", None))
                     break
@@ -101,6 +107,20 @@ def _prefill_main(conn: Any, port: int, policy: str, engine: str = "nixl") -> No
             pass
     finally:
         os._exit(0)  # NIXL's bootstrap thread is not a daemon
+
+
+def _finish(ranks: Any, room: int, timeout: float = 10.0) -> int:
+    """What the prefill inflight queue does with a sent room: poll until it concludes,
+    then ``clear()`` the sender on Success (under ``prefill_complete`` that is when
+    decode is told Success). Returns the concluded state."""
+    deadline = time.monotonic() + timeout
+    while (state := ranks.poll(room)) not in (0, 4):  # Failed, Success
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"room {room}: still {state} after {timeout} s")
+        time.sleep(0.01)
+    if state == 4:
+        ranks.senders[room].clear()
+    return state
 
 
 class PrefillPeer:
@@ -160,13 +180,21 @@ class PrefillPeer:
 
 
 def install_decode_context(
-    bootstrap_port: int, policy: str = "early", *, rank: int = 0, world: int = 1
+    bootstrap_port: int,
+    policy: str = "early",
+    *,
+    engine: str = "nixl",
+    rank: int = 0,
+    world: int = 1,
 ) -> None:
+    """The decode server args SGLang's decode classes read: the transfer *engine* and
+    the allocation *policy* (read by a KV manager when it is created, and by
+    ``CommonKVReceiver.init`` and the prealloc queue at every call)."""
     from sglang.srt.runtime_context import get_context, get_parallel
 
     get_context().override_server_args(
         disaggregation_mode="decode",
-        disaggregation_transfer_backend="nixl",
+        disaggregation_transfer_backend=engine,
         disaggregation_bootstrap_port=bootstrap_port,
         disaggregation_decode_allocation_policy=policy,
         host=HOST,
