@@ -190,7 +190,7 @@ def install_decode_context(
     """The decode server args SGLang's decode classes read: the transfer *engine* and
     the allocation *policy* (read by a KV manager when it is created, and by
     ``CommonKVReceiver.init`` and the prealloc queue at every call)."""
-    from sglang.srt.runtime_context import get_context, get_parallel
+    from sglang.srt.runtime_context import get_context
 
     get_context().override_server_args(
         disaggregation_mode="decode",
@@ -200,18 +200,9 @@ def install_decode_context(
         host=HOST,
         tp_size=world,
     ).install()
-    get_parallel().override_permanently(
-        tp_rank=rank,
-        attn_tp_rank=rank,
-        attn_cp_rank=0,
-        attn_dp_rank=0,
-        attn_dcp_rank=0,
-        pp_rank=0,
-        moe_ep_rank=0,
-        moe_tp_rank=0,
-        moe_dp_rank=0,
-        pp_group=None,
-    )
+    from pd_wedge import _kv
+
+    _kv.single_rank(tp_rank=rank, attn_tp_rank=rank)
 
 
 class OfflineNode:

@@ -292,23 +292,14 @@ def test_queue_calls_skipped_while_retracted_fail_overdue_requests_at_the_first_
     assert sorted(str(e.key) for e in expiries) == ["gated", "in-transfer", "no-memory", "unknown"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "adapter bug: _Entry.status() prefers receiver.conclude_state to the manager's "
-        "status, and CommonKVReceiver.abort() calls update_status(Failed) before it sets "
-        "conclude_state = Failed: the update_status hook reads the stale Success, so the "
-        "abort of a Success held by the gate is never observed; the Transferring "
-        "deadline then fires for a request SGLang already aborted (_on_expire declines "
-        "to fail it, but the expiry is emitted, and counted as 'reported' in report mode)"
-    ),
-)
 def test_an_abort_of_a_gated_success_is_not_a_deadline_expiry(peer, side):
     """The client-abort path (``AbortReq``: the scheduler calls ``kv_receiver.abort()``
     on each transfer-queue request) on a request whose KV arrived but which SGLang's
     metadata gate still holds (concluded Success, shown as Transferring): SGLang fails
-    it with its own reason at the next call; stallguard has nothing left to expire."""
+    it with its own reason at the next call; stallguard has nothing left to expire.
+    (``abort()`` marks the room Failed before it latches the receiver: the adapter once
+    read the stale Success in its ``update_status`` hook and later emitted a
+    Transferring expiry for the aborted request.)"""
     with guarded() as (clock, expiries):
         room = ds.next_room()
         peer.call("register", room)

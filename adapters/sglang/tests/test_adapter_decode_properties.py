@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import sglang_support as sgs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 SKIP = sgs.skip_reason("0.5.23")
@@ -82,6 +82,9 @@ op = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["prealloc", "transfer"]), ops=st.lists(op, min_size=4, max_size=50))
+# found by hypothesis: an abort of a Success still held in the transfer queue (the room
+# is marked Failed before the receiver is latched) once expired as Transferring
+@example(kind="transfer", ops=[("add", False), ("call", 0), ("status", 0, 4), ("advance", 6.0)])
 def test_decode_guard_fails_once_and_never_a_concluded_request(kind, ops):
     from sglang.srt.disaggregation.common.conn import KVTransferError
     from sglang.srt.disaggregation.nixl.conn import NixlKVReceiver

@@ -127,11 +127,17 @@ class _Entry:
         self.forced: str | None = None
 
     def status(self) -> int | None:
-        """The receiver's local state now (None: its room was cleared)."""
+        """The receiver's local state now (None: its room was cleared). A room marked
+        ``Failed`` is failed whatever the receiver concluded before: SGLang's
+        ``abort()`` of a concluded ``Success`` (held back by the metadata gate) marks the
+        room ``Failed`` before it latches the receiver, and its ``update_status`` hook
+        must see the failure."""
+        status = self.mgr.request_status.get(self.room)
+        if status is not None and int(status) == _FAILED:
+            return _FAILED
         state = self.receiver.conclude_state
         if state is not None:
             return int(state)
-        status = self.mgr.request_status.get(self.room)
         return None if status is None else int(status)
 
     def __repr__(self) -> str:
