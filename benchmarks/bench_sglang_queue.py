@@ -27,7 +27,11 @@ Prints, per N, the median per-iteration time of each arm (and per request) and t
 enabled/disabled and naive/disabled ratios of the medians. The garbage collector stays on.
 ``--interleave`` runs the churn mix of issue 14 instead of batches: the arms alternate
 iteration by iteration (``--rounds`` x ``--batch`` iterations per arm, one at a time, no
-collection between them). ``--quick`` only checks that the script works.
+collection between them). ``--breakdown`` also times, in the same iterations, where the
+enabled arm's extra time goes: its ``update_status`` calls (against the disabled arm's),
+and the queue guard's work before and after SGLang's method (the rest of the difference
+is the hooks' call frames and what the adapter's work does to the caches SGLang's pass
+then misses). ``--quick`` only checks that the script works.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class Arm:
         self.n = n
         self.counter = 0
         self.samples: list[int] = []
+        self.updates: list[int] = []  # the update_status calls' share of each sample
         self.round_medians: list[float] = []
         self.waiting: collections.deque[int] = collections.deque()  # rooms in WaitingForInput
         self.sched.disagg_prefill_inflight_queue.extend(self.new_request() for _ in range(n))
@@ -125,11 +130,38 @@ class Arm:
             t0 = pc()
             for room, status in changes:
                 update(room, status)
+            t1 = pc()
             queue_call()
             self.samples.append(pc() - t0)
+            self.updates.append(t1 - t0)
             # refill outside the timing: N stays constant
             missing = self.n - len(sched.disagg_prefill_inflight_queue)
             sched.disagg_prefill_inflight_queue.extend(self.new_request() for _ in range(missing))
+
+
+class GuardTimer:
+    """``--breakdown``: times the queue guard's ``before`` and ``after`` (patched on the
+    guard *instance*, so only the enabled arm's calls are timed)."""
+
+    def __init__(self) -> None:
+        self.before: list[int] = []
+        self.after: list[int] = []
+
+    def install(self, guard: Any) -> None:
+        cls = type(guard)
+
+        def before(queue: Any) -> None:
+            t = pc()
+            cls.before(guard, queue)
+            self.before.append(pc() - t)
+
+        def after(*args: Any) -> None:
+            t = pc()
+            cls.after(guard, *args)
+            self.after.append(pc() - t)
+
+        guard.before = before
+        guard.after = after
 
 
 class NoStats:
@@ -190,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         help="add a fourth arm: enabled, with the time-in-state statistics switched off "
         "(no-op recorder, no export), to measure what recording them costs",
     )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the enabled arm's update_status calls and its guard's work before "
+        "and after the queue method (where its extra time goes)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny run: checks the script only")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
@@ -242,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     sgs.setup_context(0, 1)
 
     results = []
+    breakdowns: list[tuple[int, dict[str, float]]] = []
     in_watchdog: list[str] = []  # per row: requests the enabled arm's watchdogs track
     load0 = os.getloadavg()[0]
     for n, churn in [(n, c) for n in counts for c in churns]:
@@ -255,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             arm.activate()
             arm.iterate(3)
             arm.samples.clear()
+            arm.updates.clear()
+        timer = GuardTimer()
+        if args.breakdown:
+            timer.install(arms[1].sched._stallguard_inflight_guard)
             if arm.name == "no stats":
                 for lane in arm.sched._stallguard_inflight_guard.checks:
                     lane.stats = NoStats()
@@ -292,6 +335,19 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"the enabled arm's watchdog tracks {watched} requests, not {n}")
         in_watchdog.append(f"{watched:,} of {n:,}")
         results.append((n, churn, medians, len(arms[0].samples), paired))
+        if args.breakdown:
+            disabled, enabled = arms[0], arms[1]
+            parts = {
+                "difference": medians["enabled"] - medians["disabled"],
+                "update_status": statistics.median(enabled.updates)
+                - statistics.median(disabled.updates),
+                "before": statistics.median(timer.before),
+                "after": statistics.median(timer.after),
+            }
+            parts["rest"] = (
+                parts["difference"] - parts["update_status"] - parts["before"] - parts["after"]
+            )
+            breakdowns.append((n, parts))
         log(
             f"N={n}, churn {churn}: "
             + ", ".join(f"{k} {v / 1000:.1f} us" for k, v in medians.items())
@@ -337,6 +393,24 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(in_watchdog)
         + "."
     )
+    if breakdowns:
+        print(
+            "\nWhere the enabled arm's extra time goes (medians per iteration, us): "
+            "update_status = its update_status calls minus the disabled arm's; before / "
+            "after = the queue guard's work around SGLang's method (timed, which adds a "
+            "little); rest = the difference minus those three.\n"
+        )
+        print("| inflight N | difference | update_status | before | after | rest |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n, parts in breakdowns:
+            print(
+                f"| {n:,} | "
+                + " | ".join(
+                    f"{parts[k] / 1000:.1f}"
+                    for k in ("difference", "update_status", "before", "after", "rest")
+                )
+                + " |"
+            )
     ratios = [
         max(med["enabled"] / med["disabled"], paired["enabled"])
         for n, churn, med, _, paired in results
