@@ -25,7 +25,15 @@ from pathlib import Path
 
 from . import _procs
 from ._config import Profile, write_stallguard_config
-from ._driver import ARMS, EPS, STALLGUARD_MARK, HarnessError, RunResult, _reason_key
+from ._driver import (
+    ARMS,
+    EPS,
+    STALLGUARD_MARK,
+    HarnessError,
+    RunResult,
+    _reason_key,
+    progress_line,
+)
 from ._rpc import WorkerError
 
 PREFILLS = ("A", "B")
@@ -351,13 +359,7 @@ def run_all(
                 runs = DecodeRun(rig, scenario, seed).execute()
                 results += runs
                 for result in runs:
-                    log(
-                        f"[{engine}] {scenario:<19} {result.arm:<7} sent={result.sent} "
-                        f"ok={result.completed} sg={result.failed_stallguard} "
-                        f"sglang={result.failed_sglang} pinned={result.pinned} "
-                        f"left={result.left} healthy_failed={result.healthy_failed} "
-                        f"({time.monotonic() - t:.1f}s)"
-                    )
+                    log(progress_line(result, time.monotonic() - t))
         finally:
             rig.stop()
     return results

@@ -568,6 +568,15 @@ def _reason_key(reason: str) -> str:
 # --------------------------------------------------------------------------- all runs
 
 
+def progress_line(r: RunResult, seconds: float) -> str:
+    """The line the demo prints as each run ends."""
+    return (
+        f"[{r.engine}] {r.scenario:<19} {r.arm:<7} sent={r.sent} ok={r.completed} "
+        f"sg={r.failed_stallguard} sglang={r.failed_sglang} pinned={r.pinned} "
+        f"left={r.left} healthy_failed={r.healthy_failed} ({seconds:.1f}s)"
+    )
+
+
 def run_all(
     engines: list[str],
     scenarios: list[str],
@@ -591,13 +600,7 @@ def run_all(
                     t = time.monotonic()
                     result = Run(rig, scenario, arm, seed).execute()
                     results.append(result)
-                    log(
-                        f"[{engine}] {scenario:<6} {arm:<7} sent={result.sent} "
-                        f"ok={result.completed} sg={result.failed_stallguard} "
-                        f"sglang={result.failed_sglang} pinned={result.pinned} "
-                        f"left={result.left} healthy_failed={result.healthy_failed} "
-                        f"({time.monotonic() - t:.1f}s)"
-                    )
+                    log(progress_line(result, time.monotonic() - t))
         finally:
             rig.stop()
     return results
