@@ -18,7 +18,7 @@ from ._config import (
     parse_config_table,
     parse_deadlines,
 )
-from ._details import Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
+from ._details import CONCLUDED, Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
 from ._errors import ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
 from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
@@ -30,6 +30,7 @@ from ._watchdog import Listener, Watchdog
 from . import instrumentation as instrumentation  # isort: skip
 
 __all__ = [
+    "CONCLUDED",
     "Advice",
     "AsyncWait",
     "ConfigError",

@@ -9,7 +9,15 @@ import attrs
 
 from ._spec import Deadline, State, state_label
 
-__all__ = ["Expiry", "Mode", "Reason", "Snapshot", "StateSummary", "TrackedRequest"]
+__all__ = [
+    "CONCLUDED",
+    "Expiry",
+    "Mode",
+    "Reason",
+    "Snapshot",
+    "StateSummary",
+    "TrackedRequest",
+]
 
 K = TypeVar("K")
 
@@ -18,6 +26,27 @@ K = TypeVar("K")
 Reason = Literal["state", "lifetime", "stall"]
 #: ``"enforce"`` fails overdue requests; ``"report"`` only reports them.
 Mode = Literal["enforce", "report"]
+
+
+class _Concluded:
+    """The type of :data:`CONCLUDED` (one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "stallguard.CONCLUDED"
+
+    def __reduce__(self) -> str:
+        return "CONCLUDED"
+
+
+#: What an enforcement hook (a watchdog's ``on_expire``) returns when it finds that the
+#: request had already ended when its deadline fired (its owner concluded it in the
+#: meantime, a race the watchdog cannot see): nothing was failed, so the expiry is
+#: withdrawn. No later hook, listener or instrumentation hook sees it, ``check()`` does
+#: not return it, the key is remembered as concluded (``expired(key)`` is False) and
+#: the statistics do not count it as fired. See docs/watchdog.md.
+CONCLUDED: Any = _Concluded()
 
 
 @attrs.frozen

@@ -402,6 +402,10 @@ class StatsRecorder:
             reported[key] = h
             h.fired += 1
 
+    def unfired(self, state: State) -> None:
+        """An enforced firing in *state* was withdrawn (the request had concluded)."""
+        self._hists[state].fired -= 1
+
     def ended(self, key: Hashable, terminal: State | None) -> None:
         """Tracked *key* reached *terminal* (None: it was forgotten)."""
         if not self._reported:

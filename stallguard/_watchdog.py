@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast
 import attrs
 
 from . import _registry
-from ._details import Expiry, Mode, Snapshot, StateSummary, TrackedRequest
+from ._details import CONCLUDED, Expiry, Mode, Snapshot, StateSummary, TrackedRequest
 from ._errors import ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
 from ._spec import Spec, State, state_label
@@ -825,13 +825,14 @@ class Watchdog(Generic[K]):
             hooks = self._describe_hooks + hooks
             if hooks or carried:
                 work = [*carried, *[(e, hooks) for e in expiries]]
-        if work:
-            self._dispatch(work)
+        withdrawn = self._dispatch(work) if work else None
         if left:
             for item in left:
                 self._notify_leave(item)
         if carried:
-            return [e for e, _ in work]
+            expiries = [e for e, _ in work]
+        if withdrawn:
+            return [e for e in expiries if id(e) not in withdrawn]
         return expiries
 
     def next_deadline(self) -> float | None:
@@ -1203,30 +1204,54 @@ class Watchdog(Generic[K]):
 
     def _dispatch(
         self, work: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]]
-    ) -> None:
+    ) -> set[int] | None:
         """Hand each expiry to its hooks, outside the lock. An ``Exception`` is logged
         and counted; a ``BaseException`` propagates after what it interrupted is set
-        aside for the next check()."""
+        aside for the next check(). An enforcement hook that returns
+        :data:`~stallguard.CONCLUDED` withdraws its expiry (no later hook sees it).
+        Returns the ids of the withdrawn expiries, if any."""
+        enforce = self._enforce_hooks
+        withdrawn: set[int] | None = None
         i = j = 0
         try:
             for i, (expiry, hooks) in enumerate(work):  # noqa: B007 (read in except)
                 for j, hook in enumerate(hooks):  # noqa: B007
                     try:
-                        hook(expiry)
+                        result = hook(expiry)
                     except Exception:
                         self._hook_failed(hook, expiry)
+                        continue
+                    if result is CONCLUDED and hook in enforce:
+                        self._withdraw(expiry)
+                        if withdrawn is None:
+                            withdrawn = set()
+                        withdrawn.add(id(expiry))
+                        break
         except BaseException:
             # This call returns nothing now: the next check() returns every expiry of
-            # it, and hands each to the hooks it has not reached yet (none for those
-            # already done).
+            # it (but the withdrawn ones), and hands each to the hooks it has not
+            # reached yet (none for those already done).
             expiry, hooks = work[i]
             none: tuple[Callable[[Expiry[K]], object], ...] = ()
-            rest = [(e, none) for e, _ in work[:i]]
+            rest = [(e, none) for e, _ in work[:i] if withdrawn is None or id(e) not in withdrawn]
             rest += [(expiry, hooks[j + 1 :]), *work[i + 1 :]]
             with self._lock:
                 self._carry[:0] = rest
                 self._next_due = -_INF  # the next check() delivers them
             raise
+        return withdrawn
+
+    def _withdraw(self, expiry: Expiry[K]) -> None:
+        """An enforcement hook found *expiry*'s request concluded: not an expiry after
+        all (see :data:`~stallguard.CONCLUDED`)."""
+        with self._lock:
+            self._expired -= 1
+            key = expiry.key
+            if self._gone.get(key) is _EXPIRED:
+                self._gone[key] = _CONCLUDED  # (keeps its place in the memory)
+            stats = self._stats
+            if stats is not None:
+                stats.unfired(expiry.state)
 
     def _hook_failed(self, hook: object, expiry: Expiry[K] | None) -> None:
         with self._lock:

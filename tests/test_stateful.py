@@ -195,6 +195,11 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.described: list[int] = []
         self.failed_describe = 0
         self.attributes: list[tuple[int, dict[str, Any]]] = []
+        # the enforcement hook: whether its next call finds the request concluded (and
+        # returns stallguard.CONCLUDED), and the expiries it withdrew so
+        self.withdraw_next = False
+        self.withdrawn: list[tuple[int, str, float]] = []
+        self.withdrawn_undescribed = 0
 
     @initialize(
         mode=st.sampled_from(["enforce", "report"]),
@@ -230,8 +235,18 @@ class WatchdogMachine(RuleBasedStateMachine):
             if arm == "interrupt":
                 raise Interrupt()
 
+        def enforce(expiry: sg.Expiry[int]) -> Any:
+            if self.withdraw_next:
+                self.withdraw_next = False
+                self.withdrawn.append((expiry.key, expiry.reason, expiry.entered_at))
+                if "described" not in expiry.attributes:
+                    self.withdrawn_undescribed += 1
+                return sg.CONCLUDED
+            return None
+
         self.wd: sg.Watchdog[int] = sg.Watchdog(
             spec,
+            on_expire=enforce,
             clock=self.clock,
             mode=mode,  # type: ignore[arg-type]
             memory=memory,
@@ -289,6 +304,10 @@ class WatchdogMachine(RuleBasedStateMachine):
     def arm_describe(self, kind: str) -> None:
         self.describe_arm = kind
 
+    @rule()
+    def arm_withdraw(self) -> None:
+        self.withdraw_next = True
+
     @rule(explicit=st.booleans())
     def check(self, explicit: bool) -> None:
         now = self.clock()
@@ -297,22 +316,28 @@ class WatchdogMachine(RuleBasedStateMachine):
             assert key not in self.model.gone or self.model.gone[key] or self.model.mode == "report"
         expected = due | self.carried
         before = len(self.delivered)
+        withdrawn_before = len(self.withdrawn)
         try:
             got = self.wd.check(now) if explicit else self.wd.check()
         except Interrupt:
             # delivered up to the interruption; the rest comes with the next check
-            self.carried = expected
+            self._withdrawn(withdrawn_before)
+            self.carried = expected - set(self.withdrawn)
             new = self.delivered[before:]
             assert set(new) <= expected
+            assert not set(new) & set(self.withdrawn)
             return
+        self._withdrawn(withdrawn_before)
         returned = {(e.key, e.reason, e.entered_at) for e in got}
         assert len(returned) == len(got), f"an expiry returned twice: {got}"
-        assert returned == expected
+        assert returned == expected - set(self.withdrawn)
+        assert not set(self.delivered[before:]) & set(self.withdrawn)
         self.carried = set()
         if self.describing:  # describe ran once for every expiry, before every hook
-            assert len(self.described) == len(self.delivered)
+            assert len(self.described) == len(self.delivered) + len(self.withdrawn)
             described = [key for key, attrs in self.attributes if "described" in attrs]
-            assert len(described) == len(self.attributes) - self.failed_describe
+            undescribed = self.failed_describe - self.withdrawn_undescribed
+            assert len(described) == len(self.attributes) - undescribed
         else:
             assert self.described == []
         for key, attrs in self.attributes:
@@ -321,6 +346,14 @@ class WatchdogMachine(RuleBasedStateMachine):
                 assert attrs["k"] in (key, -1)
             elif "k" in attrs:
                 assert attrs["k"] == key  # annotated only
+
+    def _withdrawn(self, start: int) -> None:
+        """The model learns the expiries the enforcement hook withdrew: concluded, not
+        expired (remembered in the same place)."""
+        for key, _reason, _since in self.withdrawn[start:]:
+            assert self.model.mode == "enforce"
+            if key in self.model.gone:
+                self.model.gone[key] = False
 
     @precondition(lambda self: self.model.mode == "enforce")
     @rule(key=KEYS)
@@ -351,6 +384,12 @@ class WatchdogMachine(RuleBasedStateMachine):
         for label, summary in snap.states.items():
             assert summary.count == sum(1 for r in model.live.values() if r["state"] == label)
         assert snap.late_events == model.late
+
+    @invariant()
+    def expired_flags(self) -> None:
+        if self.model.mode == "enforce":  # (withdrawn expiries: concluded, not expired)
+            for key in range(6):
+                assert self.wd.expired(key) == (self.model.gone.get(key) is True), key
 
     @invariant()
     def memory_bounded(self) -> None:

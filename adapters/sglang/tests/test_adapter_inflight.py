@@ -183,6 +183,41 @@ def test_a_sender_that_completes_as_its_deadline_passes_is_not_failed():
     assert expiries == []
 
 
+class RacingClock(FakeClock):
+    """A FakeClock that, once armed, runs *race* at the next reading: a transfer thread
+    whose update lands between the guard's applying the captured changes and its check."""
+
+    race = None
+
+    def __call__(self) -> float:
+        race, self.race = self.race, None
+        if race is not None:
+            race()
+        return super().__call__()
+
+
+def test_a_success_racing_the_check_is_withdrawn_not_reported():
+    """The Success lands after the guard applied what the hooks captured and before its
+    check(): the check finds the request overdue in Transferring, the enforcement finds
+    it concluded and withdraws the expiry: no span, log or metric says it was failed."""
+    clock = RacingClock(T0)
+    with installed(CONFIG, clock=clock), record_expiries() as expiries:
+        sched = sgs.FakeScheduler()
+        req = request(sched, "nixl", "racing", TRANSFERRING)
+        sched.prefill(req)
+        sched.step()
+        before = forced_count("nixl", "Transferring")
+        clock.advance(DEADLINES["Transferring"] + 1)
+        clock.race = lambda: sgs.set_status(req.disagg_kv_sender, SUCCESS)
+        sched.step()
+        assert clock.race is None  # it ran, inside that step
+        wd = guard_of(sched).lanes["nixl"].wd
+        assert wd.snapshot().expired == 0 and len(wd) == 0
+    assert sched.conclusions["racing"].outcome == "success"
+    assert expiries == []
+    assert forced_count("nixl", "Transferring") == before
+
+
 def test_request_aborted_while_inflight_is_concluded_once():
     with guarded() as (clock, expiries):
         sched = sgs.FakeScheduler()

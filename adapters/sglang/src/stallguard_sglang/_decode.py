@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from stallguard import Expiry, Spec, Watchdog
+from stallguard import CONCLUDED, Expiry, Spec, Watchdog
 
 from . import _metrics
 from ._config import DECODE_PHASES, Config
@@ -285,17 +285,19 @@ class _DecodeGuard(QueueMembership):
 
     # ------------------------------------------------------------------ enforcement
 
-    def _on_expire(self, expiry: Expiry[Any]) -> None:
+    def _on_expire(self, expiry: Expiry[Any]) -> object:
+        """Fail an overdue request the way SGLang's waiting timeout does, unless it
+        concluded meanwhile (then the expiry is withdrawn)."""
         entry = expiry.key
         if not isinstance(entry, _Entry) or not entry.live or entry.forced is not None:
-            return
+            return CONCLUDED
         status = entry.status()
         if status is None or status == _FAILED or (self.kind == "prealloc" and status == _SUCCESS):
             log.info(
                 "stallguard-sglang: %s concluded as its decode deadline fired; not failing it",
                 entry.rid,
             )
-            return
+            return CONCLUDED
         reason = (
             f"stallguard: request {entry.rid} (bootstrap_room {entry.room}, "
             f"{entry.backend}) spent {expiry.elapsed:.1f}s in {expiry.state_label} in "
@@ -304,6 +306,7 @@ class _DecodeGuard(QueueMembership):
         entry.forced = reason
         fail_receiver(entry.receiver, reason)
         _metrics.count("forced", self.kind, entry.backend, expiry.state_label, self.metric_labels)
+        return None
 
 
 def fail_receiver(receiver: Any, reason: str) -> None:

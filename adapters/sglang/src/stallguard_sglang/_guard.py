@@ -49,7 +49,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from stallguard import Deadline, Expiry, Spec, Watchdog
+from stallguard import CONCLUDED, Deadline, Expiry, Spec, Watchdog
 
 from . import _metrics
 from ._kvpoll import FAILED, KVPOLL, LIVE, SUCCESS, TERMINAL_STATES, WAITING
@@ -484,12 +484,13 @@ class QueueGuard(QueueMembership):
 
     # ------------------------------------------------------------------ enforcement
 
-    def on_expire(self, expiry: Expiry[Any]) -> None:
+    def on_expire(self, expiry: Expiry[Any]) -> object:
         """Fail an overdue request through SGLang's own failure path (enforce mode),
-        unless it concluded meanwhile."""
+        unless it concluded meanwhile (then the expiry is withdrawn: no span, log or
+        count says it was failed)."""
         entry = expiry.key
         if not isinstance(entry, Entry) or not entry.live:
-            return
+            return CONCLUDED  # it left the queue: SGLang concluded it
         state = read_state(entry)
         if state is None or state in (SUCCESS, FAILED):
             log.info(
@@ -497,7 +498,7 @@ class QueueGuard(QueueMembership):
                 entry.rid,
                 "cleared" if state is None else KVPOLL[state],
             )
-            return
+            return CONCLUDED
         reason = _reason(expiry, entry, self.kind)
         entry.forced = reason
         lane = entry.lane
@@ -506,6 +507,7 @@ class QueueGuard(QueueMembership):
         else:
             entry.sender.conclude_state = FAILED
         _metrics.count("forced", self.kind, lane.backend, expiry.state_label, self.metric_labels)
+        return None
 
 
 def _reason(expiry: Expiry[Any], entry: Entry, queue: str) -> str:
