@@ -35,7 +35,7 @@ except ImportError as exc:  # the optional extra is not installed
         name=exc.name,
     ) from exc
 
-from stallguard._details import Expiry, Mode
+from stallguard._details import CONCLUDED, Expiry, Mode
 from stallguard._errors import ConfigError, StallguardError
 from stallguard._options import WatchdogOptions
 from stallguard._spec import Spec, state_label
@@ -84,14 +84,15 @@ class _Router:
         # reference here would keep every attached machine alive as long as the watchdog.
         self.members: dict[Hashable, tuple[_Attachment, Callable[[], Any]]] = {}
 
-    def __call__(self, expiry: Expiry[Any]) -> None:
+    def __call__(self, expiry: Expiry[Any]) -> object:
         entry = self.members.get(expiry.key)
         if entry is None:  # removed from its machine between the expiry and this hook
-            return
+            return CONCLUDED
         attachment, ref = entry
         model = ref()
-        if model is not None:
-            attachment.fire(model, expiry)
+        if model is None:  # collected: nothing left to fail
+            return CONCLUDED
+        return attachment.fire(model, expiry)
 
 
 def _key_function(key: object) -> Callable[[Any], Hashable]:
@@ -283,18 +284,22 @@ class _Attachment:
 
     # ------------------------------------------------------------------ expiry
 
-    def fire(self, model: Any, expiry: Expiry[Any]) -> None:
+    def fire(self, model: Any, expiry: Expiry[Any]) -> object:
+        """Fail *model*; returns :data:`~stallguard.CONCLUDED` when the callback says the
+        model had already ended (or its machine is gone), withdrawing the expiry."""
         if self.callback is not None:
             result = self.callback(model, expiry)
+            if result is CONCLUDED:
+                return CONCLUDED
             what = f"callback {self.callback!r}"
         elif self.trigger is not None:
             machine = self._machine()
             if machine is None:  # collected while check() ran; its finalizer forgets
-                return
+                return CONCLUDED
             result = machine.events[self.trigger].trigger(model)
             what = f"trigger {self.trigger!r}"
         else:
-            return
+            return None
         if inspect.isawaitable(result):
             self._schedule(result, model, what)
         elif result is False and self.callback is None:
@@ -305,6 +310,7 @@ class _Attachment:
                 model,
                 expiry.state_label,
             )
+        return None
 
     def _schedule(self, awaitable: Any, model: Any, what: str) -> None:
         async def run() -> Any:
@@ -453,7 +459,9 @@ def attach(
             must have a transition from every state that can expire. ``None``: fire
             nothing (the expiry is still reported by the instrumentation hooks).
         callback: instead of a trigger, call ``callback(model, expiry)``. It may return
-            an awaitable (with an ``AsyncMachine``), which is scheduled as a task.
+            an awaitable (with an ``AsyncMachine``), which is scheduled as a task, or
+            :data:`stallguard.CONCLUDED` when it finds the model had already ended (the
+            expiry is then withdrawn: see docs/watchdog.md).
         key: how the watchdog names a model: ``None`` for ``id(model)`` (the default),
             an attribute name (e.g. ``"request_id"``), or a callable ``key(model)``. It
             must not change while the model is attached.

@@ -126,6 +126,31 @@ def test_callback_instead_of_trigger() -> None:
     assert model.state == "Bootstrapping"  # the callback chose not to change it
 
 
+def test_a_callback_that_finds_the_model_ended_withdraws_the_expiry() -> None:
+    """The callback sees (under the application's own synchronization) that the model
+    had finished when its deadline fired, and returns stallguard.CONCLUDED: nobody is
+    told it was failed."""
+    clock = FakeClock()
+    machine = build()
+    finished: set[int] = set()
+
+    def callback(model: Transfer, expiry: sg.Expiry[object]) -> object:
+        return sg.CONCLUDED if id(model) in finished else model.fail()
+
+    wd = sgt.attach(machine, SPEC, clock=clock, callback=callback)
+    done, stuck = Transfer("done"), Transfer("stuck")
+    for model in (done, stuck):
+        machine.add_model(model)
+        model.bootstrap()
+    finished.add(id(done))  # it ended; the machine has not been told yet
+    clock.advance(300)
+    with record_expiries() as recorded:
+        got = wd.check()
+    assert [e.key for e in got] == [id(stuck)] == [e.key for e in recorded]
+    assert stuck.state == "Failed" and done.state == "Bootstrapping"
+    assert not wd.expired(id(done)) and wd.expired(id(stuck))
+
+
 def test_no_trigger_and_report_mode() -> None:
     clock = FakeClock()
     machine = build()
