@@ -103,7 +103,7 @@ class DecodeRig:
         for arm in ARMS:
             self.room += 1
             rid = f"{arm}-{self.room}"
-            self.prefill(prefill).rpc.send("submit", room=self.room, pages=4)
+            self.prefill(prefill).rpc.send("submit", room=self.room, pages=4, tag=arm)
             self.decode(arm).rpc.send("add", rid=rid, room=self.room, port=self.ports[prefill])
             rids[arm] = rid
         return rids

@@ -10,8 +10,9 @@ SGLang's real inflight queue, ``_prefill.py``); here the prefill is the faulty p
 
 Faults, injected on request: the process stops itself (``SIGSTOP``: scheduler, transfer
 engine threads and all), either when the next request arrives, before it registers it
-("frozen before registration"), or when the next room's decode metadata has arrived,
-before it sends the KV ("frozen after send_metadata"). The driver sends ``SIGCONT``.
+("frozen before registration"), or once decode metadata has arrived for a room of every
+decode server (the driver tags each room with the server it is for), before it sends
+their KV ("frozen after send_metadata"). The driver sends ``SIGCONT``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def run(conn: Connection, spec: dict) -> None:
     ranks = _dp_prefill.PrefillRanks(engine, port, _kv.Layout(**spec["layout"]))
     flags = {"freeze_on_submit": False, "freeze_on_metadata": False}
     live: dict[int, int] = {}  # room -> pages, until the sender concludes
+    tags: dict[int, str] = {}  # room -> the driver's tag (which decode server it is for)
     sent: set[int] = set()
     counters = {"registered": 0, "sent": 0, "succeeded": 0, "failed": 0}
     marks: list[float] = []  # when the driver's "mark" messages were handled
@@ -50,12 +52,13 @@ def run(conn: Connection, spec: dict) -> None:
     def freeze() -> None:
         os.kill(os.getpid(), signal.SIGSTOP)  # returns when the driver sends SIGCONT
 
-    def submit(room: int, pages: int) -> None:
+    def submit(room: int, pages: int, tag: str = "") -> None:
         if flags["freeze_on_submit"]:
             flags["freeze_on_submit"] = False
             freeze()  # frozen before this room (and every later one) is registered
         ranks.register(room)
         live[room] = pages
+        tags[room] = tag
         counters["registered"] += 1
 
     def set_flag(name: str, value: bool = True) -> None:
@@ -73,6 +76,7 @@ def run(conn: Connection, spec: dict) -> None:
                 sender.abort()
             ranks.forget(room)
         live.clear()
+        tags.clear()
         sent.clear()
         out = {**counters, "left": left, "marks": list(marks)}
         counters.update(registered=0, sent=0, succeeded=0, failed=0)
@@ -99,12 +103,22 @@ def run(conn: Connection, spec: dict) -> None:
     while running:
         if not _rpc.drain(conn, handlers, wait=0.005):
             break
-        for room in list(live):
-            status = ranks.poll(room)
+        statuses = {room: ranks.poll(room) for room in list(live)}
+        if flags["freeze_on_metadata"]:
+            # stop once a room of every tag (each decode server) has its decode metadata
+            # here: each decode then holds a request whose KV is never sent
+            waiting = {
+                tags[room]
+                for room, status in statuses.items()
+                if status == KVPoll.WaitingForInput and room not in sent
+            }
+            if waiting and waiting >= set(tags.values()):
+                flags["freeze_on_metadata"] = False
+                freeze()
+        for room, status in statuses.items():
             if status == KVPoll.WaitingForInput and room not in sent:
                 if flags["freeze_on_metadata"]:
-                    flags["freeze_on_metadata"] = False
-                    freeze()  # decode published its pages; the KV is never sent
+                    continue  # held until a room of every tag waits (a few ms)
                 try:
                     ranks.send(room, live[room])
                 except Exception:  # e.g. decode's ABORT arrived meanwhile: SGLang logs it
@@ -114,6 +128,7 @@ def run(conn: Connection, spec: dict) -> None:
             elif status in (KVPoll.Success, KVPoll.Failed):
                 counters["succeeded" if status == KVPoll.Success else "failed"] += 1
                 del live[room]
+                tags.pop(room, None)
                 sent.discard(room)
                 ranks.forget(room)
         time.sleep(0.005)
