@@ -31,8 +31,8 @@ DECODE_SCENARIOS = {
     "prefill-freeze": "prefill scheduler frozen before registration (SIGSTOP as the next "
     "request arrives, before its KV sender registers the room with the bootstrap server, "
     "which stays up; SIGCONT at the end of the fault window)",
-    "prefill-freeze-sent": "prefill frozen after send_metadata (SIGSTOP the moment a "
-    "decode's metadata for a room has arrived, before the KV is sent)",
+    "prefill-freeze-sent": "prefill frozen after send_metadata (SIGSTOP once decode "
+    "metadata has arrived for a room of each decode server, before their KV is sent)",
 }
 ALL_SCENARIOS = (*SCENARIOS, *DECODE_SCENARIOS)
 
