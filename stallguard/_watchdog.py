@@ -563,7 +563,12 @@ class Watchdog(Generic[K]):
             return
         now = self._clock()
         if at is not None:
-            now = _check_at(at, now)
+            # the common case inline (a finite float not later than now); the rest, and
+            # every error, through _check_at
+            if at.__class__ is float and -_INF < at < _INF and at <= now:
+                now = at
+            else:
+                now = _check_at(at, now)
         left: tuple[str, float] | None = None
         woke = False
         with self._lock:
@@ -662,7 +667,12 @@ class Watchdog(Generic[K]):
         """
         now = self._clock()
         if at is not None:
-            now = _check_at(at, now)
+            # the common case inline (a finite float not later than now); the rest, and
+            # every error, through _check_at
+            if at.__class__ is float and -_INF < at < _INF and at <= now:
+                now = at
+            else:
+                now = _check_at(at, now)
         woke = False
         with self._lock:
             try:
