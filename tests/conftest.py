@@ -25,3 +25,12 @@ def _default_hooks():
     yield
     set_on_expire_hooks(None)
     disable_metrics()
+
+
+@pytest.fixture
+def no_hooks():
+    """No process-wide instrumentation hooks (no log line, no span) during the test:
+    only the watchdog's own hooks and listeners see its expiries."""
+    set_on_expire_hooks([])
+    yield
+    set_on_expire_hooks(None)

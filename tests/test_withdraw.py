@@ -14,17 +14,12 @@ from typing import Any
 import pytest
 
 import stallguard as sg
-from stallguard.instrumentation import set_on_expire_hooks
 from stallguard.testing import FakeClock, record_expiries
 
 SPEC = sg.Spec(name="kv", deadlines={"Waiting": 10}, terminal=["Done"])
 
 
-@pytest.fixture(autouse=True)
-def _no_instrumentation():
-    set_on_expire_hooks([])
-    yield
-    set_on_expire_hooks(None)
+pytestmark = pytest.mark.usefixtures("no_hooks")
 
 
 def setup(on_expire: Any, **kwargs: Any) -> tuple[sg.Watchdog[str], FakeClock, list]:
