@@ -159,3 +159,6 @@ class Snapshot(Generic[K]):
     #: Runner loops (``WatchdogThread``, ``run_watchdog``) ended by an error: each one
     #: also logged at ERROR; see docs/runners.md.
     runner_errors: int = 0
+    #: Expiries an enforcement hook withdrew (it returned :data:`CONCLUDED`: the request
+    #: had ended in the moment before the check); not counted in *expired*.
+    withdrawn: int = 0

@@ -415,6 +415,7 @@ class Watchdog(Generic[K]):
         self._late = 0
         self._unknown = 0
         self._runner_errors = 0
+        self._withdrawn = 0
         #: time-in-state statistics (docs/advice.md); None when switched off
         self._stats: StatsRecorder | None = StatsRecorder(spec) if options.statistics else None
         if self._stats is not None:
@@ -1037,6 +1038,7 @@ class Watchdog(Generic[K]):
                 hook_errors=self._hook_errors,
                 late_events=self._late,
                 runner_errors=self._runner_errors,
+                withdrawn=self._withdrawn,
             )
 
     def statistics(self) -> Statistics:
@@ -1256,6 +1258,7 @@ class Watchdog(Generic[K]):
         all (see :data:`~stallguard.CONCLUDED`)."""
         with self._lock:
             self._expired -= 1
+            self._withdrawn += 1
             key = expiry.key
             if self._gone.get(key) is _EXPIRED:
                 self._gone[key] = _CONCLUDED  # (keeps its place in the memory)

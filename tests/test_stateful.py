@@ -384,6 +384,7 @@ class WatchdogMachine(RuleBasedStateMachine):
         for label, summary in snap.states.items():
             assert summary.count == sum(1 for r in model.live.values() if r["state"] == label)
         assert snap.late_events == model.late
+        assert snap.withdrawn == len(self.withdrawn)
 
     @invariant()
     def expired_flags(self) -> None:

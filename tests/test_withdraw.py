@@ -56,7 +56,7 @@ def test_a_withdrawn_expiry_reaches_nobody_and_is_not_counted():
     assert [e.key for e in recorded] == ["b"]
     assert not wd.expired("a") and wd.expired("b")
     snap = wd.snapshot()
-    assert snap.expired == 1 and snap.tracked == 0
+    assert snap.expired == 1 and snap.tracked == 0 and snap.withdrawn == 1
     assert wd.statistics().states["Waiting"].fired == 1
     # remembered as concluded: a late event for it does not re-track it
     wd.observe("a", "Waiting")
@@ -109,7 +109,8 @@ def test_an_interrupted_check_does_not_bring_a_withdrawn_expiry_back():
     got = wd.check()  # the interrupted check's expiries, but the withdrawn one
     assert [e.key for e in got] == ["b", "c", "d"]
     assert failed == ["b", "c", "d"] and heard == ["b", "c", "d"]
-    assert wd.snapshot().expired == 3 and not wd.expired("a")
+    assert wd.snapshot().expired == 3 and wd.snapshot().withdrawn == 1
+    assert not wd.expired("a")
 
 
 def test_the_sentinel():

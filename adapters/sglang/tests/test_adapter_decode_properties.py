@@ -164,6 +164,10 @@ def test_decode_guard_fails_once_and_never_a_concluded_request(kind, ops):
         guard = getattr(qobj, "_stallguard_decode_guard", None)
         if guard is not None:
             assert guard.entries == {} and len(guard.wd) == 0
+            # every change goes through update_status here, on this thread: the guard
+            # always knows the phase, so no expiry ever needs withdrawing (a non-zero
+            # count is a phase the hooks missed, as the abort of a gated Success once was)
+            assert guard.wd.snapshot().withdrawn == 0
         assert getattr(mgr, "_stallguard_decode_rooms", {}) == {}
     forced = [str(e.key) for e in expiries]
     assert len(forced) == len(set(forced))  # at most once

@@ -214,5 +214,10 @@ def test_random_interleavings_against_the_reference_model(ops, mode):
                     else:
                         assert conclusion.outcome == "transfer_failed"
                 assert sched.inflight_rids() == model.queued
+        # every change went through update_status on this thread: the guard always knew
+        # the state, so no expiry ever needed withdrawing (stallguard.CONCLUDED)
+        guard = getattr(sched, "_stallguard_inflight_guard", None)
+        if guard is not None:
+            assert all(wd.snapshot().withdrawn == 0 for wd in guard.watchdogs.values())
         if mode == "report":
             assert all("stallguard" not in (c.message or "") for c in sched.conclusions.values())
