@@ -18,7 +18,11 @@ in a subprocess, and asserts on the outcome table it wrote (results.json):
   SGLang 0.5.23 does not bound (pending before ``init()``, ``Bootstrapping``) or bounds
   only at 300 s (after ``send_metadata``); with it (the decode server launched with
   STALLGUARD_SGLANG_CONFIG) nothing is pinned or left, no healthy request fails, and
-  every forced failure came from the first queue call after its deadline.
+  every forced failure came from the first queue call after its deadline;
+* the advice section: a report-mode prefill fails nothing while the demo's deadlines
+  would have fired, ``python -m stallguard_sglang advise`` on its exported metrics prints
+  a table and a TOML block, and a prefill enforcing the suggestions (merged over the
+  configured deadlines) releases the frozen decode's requests without collateral.
 
 Needs the environment `python3 tools/dev.py env` builds (skipped otherwise). About two
 minutes on 2 cores.
@@ -83,7 +87,7 @@ def test_command_succeeds_and_prints_the_table(demo):
     proc, out, runs = demo
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "failed by stallguard" in proc.stdout
-    assert len(runs) == 16  # 2 engines x 4 scenarios x 2 arms
+    assert len(runs) == 20  # 2 engines x (4 scenarios x 2 arms + shadow + advised)
     png = out / "pd_wedge.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -160,3 +164,22 @@ def test_stallguard_on_decode_fails_each_pinned_phase_at_its_deadline(demo, engi
     assert r["reasons"].get("stallguard: prealloc Bootstrapping deadline", 0) >= 1, r["reasons"]
     if scenario == "prefill-freeze-sent":
         assert r["reasons"].get("stallguard: transfer WaitingForInput deadline", 0) >= 1
+
+
+@pytest.mark.parametrize("engine", ["nixl", "mooncake"])
+def test_advice_section_shadow_advise_enforce(demo, engine):
+    proc, out, runs = demo
+    shadow = runs[(engine, "freeze", "report")]
+    assert shadow["failed_stallguard"] == 0 and shadow["completed"] == shadow["sent"] > 200
+    advice = (out / f"{engine}-advice.txt").read_text()
+    assert f"== inflight queue, {engine}" in advice
+    assert "# paste into the file STALLGUARD_SGLANG_CONFIG names:" in advice
+    block = advice.split("names:", 1)[1]
+    assert "[prefill.deadlines]" in block and "WaitingForInput = 1" in block, advice
+    assert "## Advice: shadow -> advise -> enforce" in proc.stdout
+    advised = runs[(engine, "freeze", "advised")]
+    assert advised["pinned"] == 0 and advised["left"] == 0, advised["pinned_detail"]
+    assert advised["healthy"] > 0 and advised["healthy_failed"] == 0
+    assert advised["late_releases"] == 0 and not advised["problems"]
+    assert advised["failed_stallguard"] > 0
+    assert advised["deadlines"]["WaitingForInput"] == 1

@@ -67,6 +67,11 @@ class Profile:
             every deadline so the transport does not end a freeze before stallguard would.
         decode_deadlines: stallguard-sglang ``[decode.prealloc]`` and
             ``[decode.transfer]``, per phase.
+        shadow: the advice section: seconds of traffic on the report-mode ("shadow")
+            prefill before its fault (a decode freeze of ``shadow_fault`` seconds).
+        advice_rate: the false-timeout rate given to ``stallguard_sglang advise``
+            (``--false-timeout-rate``; it needs ``10 / rate`` recorded stays per state).
+        advice_floor: ``advise --floor``: the shortest deadline it suggests.
     """
 
     name: str
@@ -81,6 +86,10 @@ class Profile:
     max_turn_tokens: int = 32
     mooncake_timeout: float = 30.0
     decode_deadlines: dict[str, dict[str, float]] = field(default_factory=dict)
+    shadow: float = 10.0
+    shadow_fault: float = 1.0
+    advice_rate: float = 0.05
+    advice_floor: float = 1.0
 
     def decode_deadline(self, queue: str, phase: str) -> float:
         return self.decode_deadlines[queue][phase]
@@ -113,6 +122,7 @@ QUICK = Profile(
 DEFAULT = replace(
     QUICK,
     name="default",
+    shadow=15.0,
     pre=0.8,
     window=2.6,
     post=0.8,
@@ -128,6 +138,9 @@ DEFAULT = replace(
 FULL = replace(
     DEFAULT,
     name="full",
+    shadow=30.0,
+    shadow_fault=2.0,
+    advice_rate=0.01,
     rate=80.0,
     pre=4.0,
     window=6.0,
@@ -166,5 +179,25 @@ def write_stallguard_config(profile: Profile, path: Path) -> Path:
         lines += ["", f"[decode.{queue}]"]
         lines += [f"{phase} = {profile.decode_deadline(queue, phase)}" for phase in phases]
     lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_report_config(profile: Profile, path: Path) -> Path:
+    """The stallguard-sglang configuration of the advice section's shadow arm: report
+    mode (nothing is failed; time in state is recorded and exported, and the stays that
+    would have overrun the demo's deadlines are counted)."""
+    lines = [
+        "# stallguard-sglang configuration of the pd_wedge demo's shadow (report-mode) arm.",
+        "[prefill]",
+        'mode = "report"',
+        "",
+        "[prefill.deadlines]",
+        *(f"{state} = {profile.deadlines[state]}" for state in STATES),
+        "",
+        "[prefill.backends.mooncake.deadlines]",
+        f"WaitingForInput = {profile.mooncake_waiting}",
+        "",
+    ]
     path.write_text("\n".join(lines))
     return path

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _procs
-from ._config import STATES, Profile, write_stallguard_config
+from ._config import STATES, Profile, write_report_config, write_stallguard_config
 from ._rpc import WorkerError
 
 STALLGUARD_MARK = "stallguard:"  # the adapter's failure reasons start with it
 ARMS = ("without", "with")
+#: arms whose pass criterion is checked (:meth:`RunResult.ok`): stallguard enforcing
+ENFORCING = ("with", "advised")
 QUEUE_SIZE = 4  # SGLANG_DISAGGREGATION_QUEUE_SIZE: transfer worker shards on prefill
 #: Clock-read slack: the harness stamps a pass's start just before calling the inflight
 #: queue method; the adapter reads its clock a moment later, inside the call.
@@ -73,6 +75,8 @@ class RunResult:
     fault_end: float | None = None
     #: decode side: when prefill A had worked through its backlog after SIGCONT
     recovered_at: float | None = None
+    #: the advice section: the deadlines the run was measured against (its arm's)
+    deadlines: dict[str, float] = field(default_factory=dict)
     end: float = 0.0
     samples: list[tuple[float, float, int, int]] = field(default_factory=list)
     releases: list[tuple[float, str]] = field(default_factory=list)  # (t, kind)
@@ -85,8 +89,9 @@ class RunResult:
     requests: dict[str, list] = field(default_factory=dict)
 
     def ok(self) -> bool:
-        """The demo's pass criterion for the "with stallguard" arm."""
-        if self.arm != "with":
+        """The demo's pass criterion for an arm where stallguard enforces ("with", and
+        the advice section's "advised")."""
+        if self.arm not in ENFORCING:
             return True
         return (
             self.pinned == 0
@@ -103,7 +108,7 @@ class RunResult:
 class Rig:
     """One engine's processes: prefills ``without`` / ``with`` and decodes ``A`` / ``B``."""
 
-    def __init__(self, engine: str, profile: Profile, out: Path, log=print):
+    def __init__(self, engine: str, profile: Profile, out: Path, log=print, extra_arms: tuple = ()):
         self.engine = engine
         self.profile = profile
         self.out = out
@@ -115,7 +120,12 @@ class Rig:
             aux_rows=2048,
             aux_row_bytes=64,
         )
-        self.ports = {arm: _procs.free_port() for arm in ARMS}
+        #: prefill arms started with the rig ("report": the advice section's shadow arm;
+        #: arms added later, like "advised", get a port when they start)
+        self.arms = (*ARMS, *extra_arms)
+        self.ports = {arm: _procs.free_port() for arm in self.arms}
+        #: STALLGUARD_SGLANG_CONFIG per arm ("with" is written at start)
+        self.configs: dict[str, Path] = {}
         self.prefill: dict[str, _procs.Worker] = {}
         self.decode: dict[str, _procs.Worker] = {}
         self.shard: dict[str, int] = {}
@@ -126,9 +136,16 @@ class Rig:
 
     def _prefill_spec(self, arm: str) -> dict:
         env = {}
-        if arm == "with":
-            cfg = write_stallguard_config(self.profile, self.out / "stallguard-sglang.toml")
-            env["STALLGUARD_SGLANG_CONFIG"] = str(cfg)
+        if arm == "with" and arm not in self.configs:
+            self.configs[arm] = write_stallguard_config(
+                self.profile, self.out / "stallguard-sglang.toml"
+            )
+        if arm == "report" and arm not in self.configs:  # the advice section's shadow
+            self.configs[arm] = write_report_config(
+                self.profile, self.out / "stallguard-sglang-report.toml"
+            )
+        if arm in self.configs:
+            env["STALLGUARD_SGLANG_CONFIG"] = str(self.configs[arm])
         return dict(
             engine=self.engine,
             bootstrap_port=self.ports[arm],
@@ -144,7 +161,7 @@ class Rig:
         self.starts += 1
         spec = dict(
             engine=self.engine,
-            bootstrap_ports=[self.ports[arm] for arm in ARMS],
+            bootstrap_ports=list(self.ports.values()),
             layout=self.layout,
             slot_pages=self.profile.max_turn_tokens,
             log=_procs.log_path(self.out, f"{self.engine}-decode-{name}"),
@@ -168,13 +185,13 @@ class Rig:
         return self.prefill[arm].wait_ready(120)
 
     def start(self) -> None:
-        for arm in ARMS:
+        for arm in self.arms:
             self.prefill[arm] = _procs.Worker(
                 f"{self.engine}-prefill-{arm}", "prefill", self._prefill_spec(arm)
             )
-        for arm in ARMS:
+        for arm in self.arms:
             info = self._ready_prefill(arm)
-            if arm == "with" and not info["hooked"]:
+            if arm != "without" and not info["hooked"]:
                 raise HarnessError(
                     "the 'with stallguard' prefill ran SGLang's load_plugins() with "
                     "STALLGUARD_SGLANG_CONFIG set, but process_disagg_prefill_inflight_queue "
@@ -183,6 +200,26 @@ class Rig:
                 )
             if arm == "without" and info["hooked"]:
                 raise HarnessError("the 'without' prefill has the inflight queue wrapped")
+        for name in ("A", "B"):
+            self.decode[name] = self._start_decode(name)
+        for name in ("A", "B"):
+            self._ready_decode(name)
+        self.warm_up(("A", "B"))
+
+    def add_prefill(self, arm: str, config: Path) -> None:
+        """Start one more prefill arm with *config* (the advice section's "advised"),
+        then restart both decodes so that they know its bootstrap server."""
+        self.ports[arm] = _procs.free_port()
+        self.configs[arm] = config
+        self.prefill[arm] = _procs.Worker(
+            f"{self.engine}-prefill-{arm}", "prefill", self._prefill_spec(arm)
+        )
+        if not self._ready_prefill(arm)["hooked"]:
+            raise HarnessError(f"the {arm!r} prefill has the inflight queue unwrapped")
+        for name in ("A", "B"):
+            old = self.decode.pop(name)
+            old.stop()
+            self.shard.pop(name, None)
         for name in ("A", "B"):
             self.decode[name] = self._start_decode(name)
         for name in ("A", "B"):
@@ -214,12 +251,12 @@ class Rig:
 
     def warm_up(self, names) -> None:
         """First rooms on a new pair pay for connection set-up (UCX wire-up ~1-2 s)."""
-        for arm in ARMS:
+        for arm in self.prefill:
             for name in names:
                 for _ in range(2):
                     self._send(arm, name, tokens=4, deliver=True)
         deadline = time.monotonic() + 30
-        for arm in ARMS:
+        for arm in self.prefill:
             while self.prefill[arm].rpc.call("snapshot")["rows"]:
                 if time.monotonic() > deadline:
                     raise HarnessError(f"{self.engine}: warm-up rooms did not finish")
@@ -260,9 +297,12 @@ class _Session:
 class Run:
     """One scenario on one arm (see the module docstring for the timeline)."""
 
-    def __init__(self, rig: Rig, scenario: str, arm: str, seed: int):
+    def __init__(
+        self, rig: Rig, scenario: str, arm: str, seed: int, profile: Profile | None = None
+    ):
         self.rig = rig
-        self.p = rig.profile
+        #: the timeline and the deadlines the run is measured against (default: the rig's)
+        self.p = profile or rig.profile
         self.scenario = scenario
         self.arm = arm
         # Same stream (sizes, routing, abort plan) for both arms of a scenario.
@@ -584,15 +624,23 @@ def run_all(
     out: Path,
     seed: int = 0,
     log=print,
-) -> list[RunResult]:
-    """Run every scenario on both arms for each engine; returns the results in order."""
+    advice: bool = False,
+) -> tuple[list[RunResult], dict[str, str]]:
+    """Run every scenario on both arms for each engine, then (*advice*) the advice
+    section; returns the results in order and the advice printed per engine."""
+    from . import _shadow
+
     results: list[RunResult] = []
+    advised: dict[str, str] = {}
     for engine in engines:
         t = time.monotonic()
-        rig = Rig(engine, profile, out, log=log)
+        rig = Rig(engine, profile, out, log=log, extra_arms=(_shadow.SHADOW,) if advice else ())
         try:
             rig.start()
-            log(f"[{engine}] 2 prefills + 2 decodes up and warm in {time.monotonic() - t:.1f}s")
+            log(
+                f"[{engine}] {len(rig.arms)} prefills + 2 decodes up and warm in "
+                f"{time.monotonic() - t:.1f}s"
+            )
             for scenario in scenarios:
                 for arm in ARMS:
                     if not rig.decode["A"].alive():
@@ -601,6 +649,12 @@ def run_all(
                     result = Run(rig, scenario, arm, seed).execute()
                     results.append(result)
                     log(progress_line(result, time.monotonic() - t))
+            if advice:
+                t = time.monotonic()
+                runs, advised[engine] = _shadow.run(rig, seed, log=log)
+                results += runs
+                for result in runs:
+                    log(progress_line(result, time.monotonic() - t))
         finally:
             rig.stop()
-    return results
+    return results, advised

@@ -57,6 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     size.add_argument("--full", action="store_true", help="longer, heavier runs")
     ap.add_argument("--out", type=Path, default=Path("pd_wedge_out"), help="output directory")
     ap.add_argument("--seed", type=int, default=0, help="seed of the request stream")
+    ap.add_argument(
+        "--no-advice",
+        dest="advice",
+        action="store_false",
+        help="skip the advice section (shadow in report mode, `stallguard_sglang advise`, "
+        "enforce the advice)",
+    )
     return ap.parse_args(argv)
 
 
@@ -101,20 +108,24 @@ def main(argv=None) -> int:
     )
     t = time.monotonic()
     try:
-        results = []
-        for module, names in (
-            (_driver, [s for s in args.scenarios if s in _config.SCENARIOS]),
-            (_ddriver, [s for s in args.scenarios if s in _config.DECODE_SCENARIOS]),
-        ):
-            if names:
-                results += module.run_all(
-                    args.engines,
-                    names,
-                    profile,
-                    out,
-                    seed=args.seed,
-                    log=lambda msg: print(msg, flush=True),
-                )
+        log = lambda msg: print(msg, flush=True)  # noqa: E731
+        prefill_side = [s for s in args.scenarios if s in _config.SCENARIOS]
+        decode_side = [s for s in args.scenarios if s in _config.DECODE_SCENARIOS]
+        results, advice = [], {}
+        if prefill_side or args.advice:
+            results, advice = _driver.run_all(
+                args.engines,
+                prefill_side,
+                profile,
+                out,
+                seed=args.seed,
+                log=log,
+                advice=args.advice,
+            )
+        if decode_side:
+            results += _ddriver.run_all(
+                args.engines, decode_side, profile, out, seed=args.seed, log=log
+            )
     except (_driver.HarnessError, _driver.WorkerError) as exc:
         print(f"pd_wedge: the demo could not run: {exc}")
         return 2
@@ -124,9 +135,17 @@ def main(argv=None) -> int:
     print(table)
     print()
     print(_report.summary(results))
+    advice_text = _report.advice_section(results, advice, profile)
+    if advice_text:
+        print()
+        print(advice_text)
     _report.save_json(results, profile, out / "results.json")
     (out / "results.md").write_text(
-        _report.markdown_table(results) + "\n\n" + _report.summary(results) + "\n"
+        _report.markdown_table(results)
+        + "\n\n"
+        + _report.summary(results)
+        + "\n"
+        + (f"\n{advice_text}\n" if advice_text else "")
     )
     png = _report.plot(results, profile, out / "pd_wedge.png")
     print(f"\npicture: {png}\nresults: {out / 'results.json'} ({elapsed:.0f}s)")

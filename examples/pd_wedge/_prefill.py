@@ -369,6 +369,9 @@ def run(conn: Connection, spec: dict) -> None:
         "snapshot": snapshot,
         "collect": collect,
         "ping": lambda: os.getpid(),
+        # what SGLang's /metrics would serve from this process (metrics off: the default
+        # registry, where whatever a plugin exports lands)
+        "metrics": lambda: __import__("prometheus_client").generate_latest().decode(),
         "shutdown": shutdown,
     }
     conn.send(("ready", {"pid": os.getpid(), "hooked": hooked, "server": repr(type(server))}))

@@ -25,6 +25,10 @@ COLUMNS = (
 )
 
 
+#: the table's "stallguard" column
+ARM_NAMES = {"without": "off", "with": "on", "report": "report", "advised": "advised"}
+
+
 def _latency(r: RunResult) -> str:
     if not r.release_latency_ms:
         return "-"
@@ -45,7 +49,7 @@ def rows(results: list[RunResult]) -> list[list[str]]:
             if key == "latency":
                 row.append(_latency(r))
             elif key == "arm":
-                row.append("on" if r.arm == "with" else "off")
+                row.append(ARM_NAMES.get(r.arm, r.arm))
             else:
                 row.append(str(getattr(r, key)))
         out.append(row)
@@ -72,7 +76,7 @@ def summary(results: list[RunResult]) -> str:
         return "No request was failed by stallguard."
     late = sum(r.late_releases for r in forced)
     worst = max(max(r.release_latency_ms) for r in forced)
-    gap = max(r.max_pass_gap_ms for r in results if r.arm == "with")
+    gap = max(r.max_pass_gap_ms for r in results if r.arm in ("with", "advised"))
     loop = forced[0].loop_interval_ms
     first = "every one" if not late else f"{n - late} of them"
     return (
@@ -82,6 +86,34 @@ def summary(results: list[RunResult]) -> str:
         f'"with" runs was {gap:.0f} ms (a deadline that falls in such a gap is released by the '
         "pass that ends it)."
     )
+
+
+def advice_section(results: list[RunResult], advice: dict[str, str], profile: Profile) -> str:
+    """The advice section: per engine, what the shadow arm recorded, what `advise`
+    printed, and what enforcing its suggestions did to the same fault."""
+    if not advice:
+        return ""
+    parts = [
+        "## Advice: shadow -> advise -> enforce",
+        "",
+        f"Shadow: a report-mode prefill took {profile.shadow:g} s of traffic with a "
+        f"{profile.shadow_fault:g} s decode freeze; `python -m stallguard_sglang advise "
+        f"--false-timeout-rate {profile.advice_rate:g} --floor {profile.advice_floor:g}` "
+        "read its exported time in state and printed:",
+    ]
+    for engine, text in advice.items():
+        parts += ["", f"### {engine}", "", "```", text.rstrip(), "```"]
+        for r in results:
+            if r.engine == engine and r.arm == "advised":
+                dl = ", ".join(f"{k} {v:g}s" for k, v in r.deadlines.items())
+                parts.append(
+                    f"Enforcing it ({dl}) on the `freeze` fault: {r.sent} sent, "
+                    f"{r.completed} completed, {r.failed_stallguard} failed by stallguard "
+                    f"(deadline->release {_latency(r)} ms), {r.pinned} pinned at the "
+                    f"observation point, {r.left} left at the end, {r.healthy_failed} healthy "
+                    "failed."
+                )
+    return "\n".join(parts)
 
 
 def markdown_table(results: list[RunResult]) -> str:
@@ -105,6 +137,7 @@ def plot(results: list[RunResult], profile: Profile, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    results = [r for r in results if r.arm in ("without", "with")]  # (not the advice's)
     engines = list(dict.fromkeys(r.engine for r in results))
     scenarios = list(dict.fromkeys(r.scenario for r in results))
     fig, axes = plt.subplots(
