@@ -157,14 +157,12 @@ FULL = replace(
 PROFILES = {p.name: p for p in (QUICK, DEFAULT, FULL)}
 
 
-def write_stallguard_config(profile: Profile, path: Path) -> Path:
-    """The stallguard-sglang configuration of the "with" arm: its prefill server (the
-    prefill-side faults) and its decode server (the decode-side faults) read the same
-    file, each side using its own sections."""
-    lines = [
-        '# stallguard-sglang configuration of the pd_wedge demo\'s "with stallguard" arm.',
+def prefill_lines(profile: Profile, mode: str, comment: str) -> list[str]:
+    """A stallguard-sglang ``[prefill]`` section with *profile*'s deadlines."""
+    return [
+        f"# stallguard-sglang configuration of the pd_wedge demo's {comment}.",
         "[prefill]",
-        'mode = "enforce"',
+        f'mode = "{mode}"',
         "",
         "[prefill.deadlines]",
         *(f"{state} = {profile.deadlines[state]}" for state in STATES),
@@ -172,9 +170,15 @@ def write_stallguard_config(profile: Profile, path: Path) -> Path:
         "[prefill.backends.mooncake.deadlines]",
         f"WaitingForInput = {profile.mooncake_waiting}",
         "",
-        "[decode]",
-        'mode = "enforce"',
     ]
+
+
+def write_stallguard_config(profile: Profile, path: Path) -> Path:
+    """The stallguard-sglang configuration of the "with" arm: its prefill server (the
+    prefill-side faults) and its decode server (the decode-side faults) read the same
+    file, each side using its own sections."""
+    lines = [*prefill_lines(profile, "enforce", '"with stallguard" arm'), "[decode]"]
+    lines.append('mode = "enforce"')
     for queue, phases in DECODE_PHASES.items():
         lines += ["", f"[decode.{queue}]"]
         lines += [f"{phase} = {profile.decode_deadline(queue, phase)}" for phase in phases]
@@ -187,17 +191,5 @@ def write_report_config(profile: Profile, path: Path) -> Path:
     """The stallguard-sglang configuration of the advice section's shadow arm: report
     mode (nothing is failed; time in state is recorded and exported, and the stays that
     would have overrun the demo's deadlines are counted)."""
-    lines = [
-        "# stallguard-sglang configuration of the pd_wedge demo's shadow (report-mode) arm.",
-        "[prefill]",
-        'mode = "report"',
-        "",
-        "[prefill.deadlines]",
-        *(f"{state} = {profile.deadlines[state]}" for state in STATES),
-        "",
-        "[prefill.backends.mooncake.deadlines]",
-        f"WaitingForInput = {profile.mooncake_waiting}",
-        "",
-    ]
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(prefill_lines(profile, "report", "shadow (report-mode) arm")))
     return path

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import tomllib
 
-from ._config import STATES, Profile
+from ._config import STATES, Profile, prefill_lines
 from ._driver import HarnessError, Rig, Run, RunResult
 
 SHADOW, ADVISED = "report", "advised"
@@ -41,21 +41,10 @@ def advised_config(
     if engine == "mooncake" and "WaitingForInput" in mine:
         waiting = mine.pop("WaitingForInput")
     deadlines = {**profile.deadlines, **mine}
-    lines = [
-        "# stallguard-sglang configuration of the pd_wedge demo's advised arm: the shadow",
-        "# arm's deadlines with `stallguard_sglang advise`'s suggestions over them.",
-        "[prefill]",
-        'mode = "enforce"',
-        "",
-        "[prefill.deadlines]",
-        *(f"{state} = {deadlines[state]}" for state in STATES),
-        "",
-        "[prefill.backends.mooncake.deadlines]",
-        f"WaitingForInput = {waiting}",
-        "",
-    ]
+    advised = replace(profile, deadlines=deadlines, mooncake_waiting=waiting)
+    lines = prefill_lines(advised, "enforce", "advised arm (the shadow's deadlines, advised)")
     path.write_text("\n".join(lines))
-    return path, replace(profile, deadlines=deadlines, mooncake_waiting=waiting)
+    return path, advised
 
 
 def run(rig: Rig, seed: int, log=print) -> tuple[list[RunResult], str]:
