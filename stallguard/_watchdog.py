@@ -287,6 +287,8 @@ def _check_time(name: str, value: Any) -> float:
 
 def _check_at(at: Any, now: float) -> float:
     """*at* as a start time: a finite number not later than *now*."""
+    if at.__class__ is float and -_INF < at < _INF and at <= now:
+        return at  # the common case, first (observe and heartbeat call this each time)
     at = _check_time("at", at)
     if not at <= now:
         raise ValueError(f"at={at!r} is later than the watchdog clock's now ({now!r})")
@@ -564,12 +566,7 @@ class Watchdog(Generic[K]):
             return
         now = self._clock()
         if at is not None:
-            # the common case inline (a finite float not later than now); the rest, and
-            # every error, through _check_at
-            if at.__class__ is float and -_INF < at < _INF and at <= now:
-                now = at
-            else:
-                now = _check_at(at, now)
+            now = _check_at(at, now)
         left: tuple[str, float] | None = None
         woke = False
         with self._lock:
@@ -668,12 +665,7 @@ class Watchdog(Generic[K]):
         """
         now = self._clock()
         if at is not None:
-            # the common case inline (a finite float not later than now); the rest, and
-            # every error, through _check_at
-            if at.__class__ is float and -_INF < at < _INF and at <= now:
-                now = at
-            else:
-                now = _check_at(at, now)
+            now = _check_at(at, now)
         woke = False
         with self._lock:
             try:
