@@ -205,6 +205,35 @@ def install_decode_context(
     _kv.single_rank(tp_rank=rank, attn_tp_rank=rank)
 
 
+def offline_decode_manager() -> Any:
+    """A real SGLang 0.5.23 ``NixlKVManager``'s status plumbing (``update_status``,
+    ``record_failure``, the receivers' reads), built with ``object.__new__``: no NIXL
+    agent, ZMQ or bootstrap server (no prefill is involved)."""
+    import threading as _threading
+    from collections import defaultdict
+
+    from sglang.srt.disaggregation.nixl.conn import NixlKVManager
+
+    mgr = object.__new__(NixlKVManager)
+    for name, value in dict(
+        request_status={},
+        failure_records={},
+        failure_lock=_threading.Lock(),
+        defer_decode_allocation=False,
+        addr_to_rooms_tracker=defaultdict(set),
+        prefill_response_tracker={},
+        required_prefill_response_num_table={},
+        prefill_info_table={},
+        _deferred_ack_targets={},
+        _deferred_ack_poisoned_rooms=set(),
+        _staging_outstanding=defaultdict(int),
+        deferred_bootstrap=None,
+        enable_deferred_decode_kv_release=False,
+    ).items():
+        setattr(mgr, name, value)
+    return mgr
+
+
 class OfflineNode:
     """A decode node without a transfer engine or prefill (for benchmarks and quick
     checks): a real ``NixlKVManager``'s status plumbing, built with ``object.__new__``
@@ -212,35 +241,14 @@ class OfflineNode:
     ``MetadataBuffers`` as :class:`DecodeNode`."""
 
     def __init__(self, aux_rows: int = 64) -> None:
-        import threading as _threading
-        from collections import defaultdict
-
         from pd_wedge import _kv
-        from sglang.srt.disaggregation.nixl.conn import NixlKVManager
 
         self.addr = f"{HOST}:1"
         self.port = 1
         self.layout = _kv.Layout(num_pages=256, aux_rows=aux_rows)
         self.kv = _kv.HostPool(self.layout)
         self.metadata = metadata_buffers(aux_rows)
-        mgr = object.__new__(NixlKVManager)
-        for name, value in dict(
-            request_status={},
-            failure_records={},
-            failure_lock=_threading.Lock(),
-            defer_decode_allocation=False,
-            addr_to_rooms_tracker=defaultdict(set),
-            prefill_response_tracker={},
-            required_prefill_response_num_table={},
-            prefill_info_table={},
-            _deferred_ack_targets={},
-            _deferred_ack_poisoned_rooms=set(),
-            _staging_outstanding=defaultdict(int),
-            deferred_bootstrap=None,
-            enable_deferred_decode_kv_release=False,
-        ).items():
-            setattr(mgr, name, value)
-        self.mgr = mgr
+        self.mgr = offline_decode_manager()
 
 
 _room = iter(range(5000, 10**9))
@@ -268,6 +276,7 @@ __all__ = [
     "free_port",
     "install_decode_context",
     "make_request",
+    "offline_decode_manager",
     "next_room",
     "threading",
     "metadata_buffers",

@@ -21,11 +21,11 @@ test_adapter_decode.py.
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
+import sglang_decode_support as ds
 import sglang_support as sgs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -45,29 +45,6 @@ def _context():
     sgs.setup_context(0, 1, disaggregation_mode="decode")
     yield
     sgs.teardown_context()
-
-
-def decode_manager():
-    """A real ``NixlKVManager``'s status plumbing, without its engine (see module doc)."""
-    from sglang.srt.disaggregation.nixl.conn import NixlKVManager
-
-    mgr = object.__new__(NixlKVManager)
-    for name, value in dict(
-        request_status={},
-        failure_records={},
-        failure_lock=threading.Lock(),
-        defer_decode_allocation=False,
-        addr_to_rooms_tracker=defaultdict(set),
-        prefill_response_tracker={},
-        required_prefill_response_num_table={},
-        _deferred_ack_targets={},
-        _deferred_ack_poisoned_rooms=set(),
-        _staging_outstanding=defaultdict(int),
-        deferred_bootstrap=None,
-        enable_deferred_decode_kv_release=False,
-    ).items():
-        setattr(mgr, name, value)
-    return mgr
 
 
 op = st.one_of(
@@ -94,7 +71,7 @@ def test_decode_guard_fails_once_and_never_a_concluded_request(kind, ops):
     from stallguard.testing import FakeClock, record_expiries
 
     clock = FakeClock(1000.0)
-    mgr = decode_manager()
+    mgr = ds.offline_decode_manager()
     qobj = SimpleNamespace(queue=[], scheduler=None)
     all_reqs: list = []
     concluded: dict[str, list[str]] = defaultdict(list)
@@ -197,7 +174,7 @@ def test_init_under_prefill_complete_starts_the_waiting_for_prefill_phase():
     from stallguard.testing import FakeClock, record_expiries
 
     clock = FakeClock(1000.0)
-    mgr = decode_manager()
+    mgr = ds.offline_decode_manager()
     qobj = SimpleNamespace(queue=[], scheduler=None)
     receiver = NixlKVReceiver(mgr, "127.0.0.1:1", 8001)
     qobj.queue.append(SimpleNamespace(req=SimpleNamespace(rid="r"), kv_receiver=receiver))
