@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,14 +40,10 @@ def run(out_dir: Path) -> dict[str, Any]:
     config = out_dir / "stallguard-vllm.toml"
     config.write_text(CONFIG)
     result = out_dir / "vllm_results.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_VLLM")}
-    env.update(
-        VLLM_TARGET_DEVICE="cpu",
-        HF_HUB_OFFLINE="1",
-        UCX_TLS="tcp,self",
-        UCX_NET_DEVICES="lo",
-        VLLM_LOGGING_LEVEL="WARNING",
-    )
+    sys.path.insert(0, str(SCENARIOS.parent))
+    from vllm_scenarios import subprocess_env  # (standard library only, at import)
+
+    env = subprocess_env()
     with open(out_dir / "vllm_scenarios.log", "w") as log:
         subprocess.run(
             [str(PYTHON), str(SCENARIOS), "pull,push", str(config), str(result)],

@@ -16,7 +16,6 @@ queues drain; what is left is counted and aborted, so the next run starts clean.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import random
 import signal
@@ -31,6 +30,7 @@ from ._driver import (
     STALLGUARD_MARK,
     HarnessError,
     RunResult,
+    _outcome,
     _reason_key,
     progress_line,
 )
@@ -282,17 +282,7 @@ class DecodeRun:
             faulted = self._faulted(rid, t_release)
             r.faulted += faulted
             r.healthy += not faulted
-            outcome = (
-                "left"
-                if rid in left_ids
-                else "lost"
-                if rel is None
-                else "completed"
-                if rel[1]
-                else "stallguard"
-                if STALLGUARD_MARK in rel[2]
-                else "sglang"
-            )
+            outcome = "left" if rid in left_ids else _outcome(rel)
             r.requests[rid] = [
                 self.meta[rid]["prefill"],
                 round(self.meta[rid]["t"] - r.t0, 4),
@@ -320,14 +310,7 @@ class DecodeRun:
             if STALLGUARD_MARK in reason:
                 r.failed_stallguard += 1
                 r.releases.append((t, "stallguard"))
-                due = since + p.decode_deadline(queue, phase)
-                r.release_latency_ms.append(round(1000 * (t - due), 1))
-                # the call that released it, and any call of that queue that started
-                # after the deadline but before it (there must be none)
-                k = bisect.bisect_right(calls[queue], t) - 1
-                first_after = bisect.bisect_left(calls[queue], due + EPS)
-                if first_after < k or t < due - EPS:
-                    r.late_releases += 1
+                r.forced(t, since + p.decode_deadline(queue, phase), calls[queue])
             else:
                 r.failed_sglang += 1
                 r.releases.append((t, "sglang"))

@@ -88,6 +88,17 @@ class RunResult:
     #: [(t, KVPoll state)...]]; times in seconds relative to ``t0``
     requests: dict[str, list] = field(default_factory=dict)
 
+    def forced(self, t: float, due: float, calls: list[float]) -> None:
+        """Count a release by stallguard at *t* of a deadline due at *due*; *calls* are
+        the start times of the calls that check it (the loop passes, or one decode
+        queue's calls). It is late if a call started after the deadline but before the
+        one that released it, or if it came before the deadline."""
+        self.release_latency_ms.append(round(1000 * (t - due), 1))
+        k = bisect.bisect_right(calls, t) - 1
+        first_after = bisect.bisect_left(calls, due + EPS)
+        if first_after < k or t < due - EPS:
+            self.late_releases += 1
+
     def ok(self) -> bool:
         """The demo's pass criterion for an arm where stallguard enforces ("with", and
         the advice section's "advised")."""
@@ -539,13 +550,7 @@ class Run:
                 r.releases.append((t, "stallguard"))
                 due = self._due(rid, t, reason, got)
                 if due is not None:
-                    r.release_latency_ms.append(round(1000 * (t - due), 1))
-                    # The pass that released it, and any pass that started after the
-                    # deadline but before it (there must be none).
-                    k = bisect.bisect_right(passes, t) - 1
-                    first_after = bisect.bisect_left(passes, due + EPS)
-                    if first_after < k or t < due - EPS:
-                        r.late_releases += 1
+                    r.forced(t, due, passes)
             else:
                 r.failed_sglang += 1
                 r.releases.append((t, "sglang"))
@@ -575,6 +580,7 @@ class Run:
 
 
 def _outcome(rel) -> str:
+    """How a request ended, from its release record ``(t, ok, reason, ...)``."""
     if rel is None:
         return "lost"
     if rel[1]:

@@ -10,13 +10,13 @@ clock is a FakeClock moved one second per step.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+import vllm_scenarios
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -49,14 +49,7 @@ def run_scenario(name: str, config_text: str, tmp_path: Path, timeout: float = 2
     config = tmp_path / "stallguard-vllm.toml"
     config.write_text(config_text)
     out = tmp_path / "out.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_VLLM")}
-    env.update(
-        VLLM_TARGET_DEVICE="cpu",
-        HF_HUB_OFFLINE="1",
-        UCX_TLS="tcp,self",
-        UCX_NET_DEVICES="lo",
-        VLLM_LOGGING_LEVEL="WARNING",
-    )
+    env = vllm_scenarios.subprocess_env()
     proc = subprocess.run(
         [str(VENV_PYTHON), str(HERE / "vllm_scenarios.py"), name, str(config), str(out)],
         cwd=HERE,

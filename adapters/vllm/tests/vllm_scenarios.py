@@ -25,6 +25,24 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 SG_MODULE = "stallguard_vllm.connector"
 SG_KEYS = ("stallguard_forced", "stallguard_reported")
+
+
+def subprocess_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment to run this script in (in .venv-vllm), from the caller's: vLLM on
+    the CPU and offline, NIXL over UCX/TCP on loopback, and no stallguard-vllm setting
+    of the caller's (each scenario configures its own)."""
+    environ = dict(os.environ if environ is None else environ)
+    env = {k: v for k, v in environ.items() if not k.startswith("STALLGUARD_VLLM")}
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        UCX_TLS="tcp,self",
+        UCX_NET_DEVICES="lo",
+        VLLM_LOGGING_LEVEL="WARNING",
+    )
+    return env
+
+
 PULL_P_PORT, PUSH_P_PORT, PUSH_D_PLAIN_PORT, PUSH_D_SG_PORT = 5600, 5601, 5602, 5603
 PREFILL_PLAIN_PORT, PREFILL_SG_PORT = 5604, 5605
 
