@@ -21,6 +21,7 @@ from ._config import (
 from ._details import CONCLUDED, Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
 from ._errors import ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
+from ._quarantine import PROOFS, Hold, PeerHolds, Quarantine, QuarantineSnapshot
 from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
 from ._spec import Deadline, Spec, State, state_label
 from ._stats import Distribution, StateStatistics, Statistics
@@ -37,8 +38,13 @@ __all__ = [
     "Deadline",
     "Distribution",
     "Expiry",
+    "Hold",
     "Listener",
     "Mode",
+    "PROOFS",
+    "PeerHolds",
+    "Quarantine",
+    "QuarantineSnapshot",
     "Reason",
     "Snapshot",
     "Spec",
