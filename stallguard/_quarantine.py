@@ -104,7 +104,7 @@ class QuarantineSnapshot:
 
     name: str
     at: float
-    deadline: float
+    deadline: float | None
     holds: int
     units: int
     nbytes: int
@@ -121,7 +121,9 @@ class Quarantine(Generic[K]):
 
     Args:
         name: names the quarantine in logs and spans (the watchdog spec's name).
-        deadline: seconds a hold may last before it is overdue (escalated, never freed).
+        deadline: seconds a hold may last before it is overdue (escalated, never freed);
+            None: holds are never escalated (they are still reported by
+            :meth:`snapshot`).
         clock: seconds, never going backwards; default :func:`time.monotonic`.
         unit: what :attr:`Hold.units` counts, for messages (``"blocks"``, ``"pages"``).
         on_overdue: called with each hold that went overdue, once, from :meth:`check`
@@ -140,7 +142,7 @@ class Quarantine(Generic[K]):
         self,
         name: str,
         *,
-        deadline: float,
+        deadline: float | None,
         clock: Callable[[], float] | None = None,
         unit: str = "blocks",
         on_overdue: Callable[[Hold[K]], object] | None = None,
@@ -149,8 +151,6 @@ class Quarantine(Generic[K]):
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Quarantine name must be a non-empty str, got {name!r}")
         seconds = check_seconds("Quarantine deadline", deadline)
-        if seconds is None:
-            raise ConfigError("Quarantine deadline must be a positive number of seconds, got None")
         if on_overdue is not None and not callable(on_overdue):
             raise ConfigError(f"on_overdue must be a callable, got {on_overdue!r}")
         if not isinstance(unit, str) or not unit:
@@ -181,7 +181,7 @@ class Quarantine(Generic[K]):
         return self._name
 
     @property
-    def deadline(self) -> float:
+    def deadline(self) -> float | None:
         """Seconds a hold may last before it is overdue."""
         return self._deadline
 
@@ -300,7 +300,7 @@ class Quarantine(Generic[K]):
             out.append(held)
             log.error(
                 "stallguard: quarantine %s: %s has held %d %s (%d bytes) for %.3fs, past "
-                "its %gs deadline, and peer %s has not proven its transfers over: %s. "
+                "its %ss deadline, and peer %s has not proven its transfers over: %s. "
                 "The memory stays held until it does (see docs/quarantine.md)",
                 self._name,
                 expiry.key,

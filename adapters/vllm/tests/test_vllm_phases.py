@@ -6,7 +6,10 @@ steps, checked against a model of what the docs promise (see _phases.py):
 * a request whose transfer ended (``done``) is never ordered failed afterwards;
 * a request is ordered failed in the first step at or past its phase's deadline, counted
   from when it entered the phase, and never before;
-* ``Queued`` is only ever reported, never failed; report mode never orders anything.
+* ``Queued`` is only ever reported, never failed; report mode never orders anything;
+* a request failed in ``Receiving`` or overdue in ``AbortedHeld`` is quarantined, and
+  leaves quarantine only when its transfer ends (``done``), never on a deadline; a hold
+  past the ``Quarantined`` deadline is escalated once.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from stallguard.testing import FakeClock
 
 RIDS = st.sampled_from([f"r{i}" for i in range(3)])
 DEADLINES = {RECEIVING: 3.0, ABORTED_HELD: 2.0, HELD_FOR_READ: 4.0}
-CONFIG = Config(queued=5.0, receiving=3.0, aborted_held=2.0, held_for_read=4.0)
+QUARANTINE = 6.0
+CONFIG = Config(
+    queued=5.0, receiving=3.0, aborted_held=2.0, held_for_read=4.0, quarantined=QUARANTINE
+)
 
 
 class TrackerMachine(RuleBasedStateMachine):
@@ -41,6 +47,10 @@ class TrackerMachine(RuleBasedStateMachine):
         self.concluded: set[str] = set()  # done (while tracked) or ordered failed
         self.ordered: list[str] = []
         self.done_rids: set[str] = set()
+        # rid -> [held since, overdue?] for quarantined requests
+        self.quarantined: dict[str, list[float | bool]] = {}
+        self.overdue = 0
+        self.aborted_expiries = 0
 
     def _enter(self, rid: str, phase: str) -> None:
         if rid in self.concluded:
@@ -77,9 +87,11 @@ class TrackerMachine(RuleBasedStateMachine):
         self.tracker.held_for_read(rid)
         self._enter(rid, HELD_FOR_READ)
 
-    @rule(rid=RIDS)
-    def done(self, rid: str) -> None:
-        self.tracker.done(rid)
+    @rule(rid=RIDS, failed=st.booleans())
+    def done(self, rid: str, failed: bool) -> None:
+        released = self.tracker.done(rid, failed=failed)
+        assert (released is not None) == (rid in self.quarantined)
+        self.quarantined.pop(rid, None)
         if rid in self.phase:
             del self.phase[rid]
             self.concluded.add(rid)
@@ -98,11 +110,22 @@ class TrackerMachine(RuleBasedStateMachine):
     @rule()
     def step(self) -> None:
         now = self.clock()
+        for hold in self.quarantined.values():
+            if not hold[1] and float(hold[0]) + QUARANTINE <= now:
+                hold[1] = True
+                self.overdue += 1
         expected_fail = set()
         expected_release = set()
         for rid, (phase, entered) in list(self.phase.items()):
             if entered + DEADLINES[phase] <= now:
-                (expected_release if phase == HELD_FOR_READ else expected_fail).add(rid)
+                if phase == HELD_FOR_READ:
+                    expected_release.add(rid)
+                elif phase == RECEIVING:
+                    expected_fail.add(rid)
+                    self.quarantined[rid] = [now, False]
+                else:  # AbortedHeld: the request ended; its blocks stay, quarantined
+                    self.aborted_expiries += 1
+                    self.quarantined[rid] = [now, False]
                 del self.phase[rid]
                 self.concluded.add(rid)
         orders = self.tracker.step()
@@ -120,7 +143,19 @@ class TrackerMachine(RuleBasedStateMachine):
     @invariant()
     def forced_count_matches(self) -> None:
         forced = sum(n for (kind, _), n in self.tracker.counts.items() if kind == "forced")
-        assert forced == len(self.ordered)
+        assert forced == len(self.ordered) + self.aborted_expiries
+
+    @invariant()
+    def quarantine_matches(self) -> None:
+        """Held exactly while the model says so: never freed by a deadline."""
+        q = self.tracker.quarantine
+        assert {h.key for h in q.holds()} == set(self.quarantined)
+        assert {h.key for h in q.holds() if h.overdue} == {
+            rid for rid, (_, overdue) in self.quarantined.items() if overdue
+        }
+        assert self.tracker.counts[("quarantine_overdue", "Quarantined")] == self.overdue
+        for rid in self.quarantined:
+            assert self.tracker.phase_of(rid) == "Quarantined"
 
 
 TestTracker = TrackerMachine.TestCase

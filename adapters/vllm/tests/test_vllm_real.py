@@ -126,27 +126,61 @@ def test_frozen_prefill_with_stallguard_fails_first_step_past_deadline(pull: Any
     outs = f["outputs"]["f-sg"]
     assert [o["finish"] for o in outs] == ["ERROR"]
     assert outs[0]["at"] - trace[0]["t"] > 0
-    # blocks freed and the handle released, right away
-    assert trace[first_error]["in_flight_sg"] == 0
-    assert trace[-1]["held_sg"] == 0
+    # the blocks stay with the failed request, quarantined, and the READ stays in
+    # flight (releasing its handle would not stop it): nothing is freed on the deadline
+    for row in trace[first_error:]:
+        assert row["in_flight_sg"] >= 1 and row["held_sg"] > 0, row
+        assert row["quarantined_sg"] >= 1
     assert f["counts"].get("forced/Receiving") == 1
+    holds = {h["key"]: h for h in f["quarantine"]["holds"]}
+    assert holds[f["rids"]["f-sg"]]["peer"] == "P"
+    assert holds[f["rids"]["f-sg"]]["units"] == 4
+    assert holds[f["rids"]["f-sg"]]["nbytes"] == 4 * 8192  # 2 layers x 4 KiB a block
 
 
 def test_abort_while_waiting(pull: Any) -> None:
+    """An aborted request whose READ is in flight: vLLM keeps its blocks until the
+    transfer ends (safe); stallguard's AbortedHeld deadline quarantines them (reported,
+    counted) and frees nothing either."""
     f = pull["freeze"]
     trace = f["trace"]
     aborted_at = f["aborted_at"]
     held = pull["aborted_held_deadline"]
-    # without stallguard the aborted request's blocks stay held (vLLM waits for a
-    # finished_recving that never comes)
     assert trace[-1]["a-plain"] is True
     assert trace[-1]["t"] - aborted_at >= 3 * held
-    # with it: released in the first step past the AbortedHeld deadline
-    released = next(i for i, row in enumerate(trace) if not row["a-sg"])
-    assert (
-        trace[released]["t"] == aborted_at + 1 + held or trace[released]["t"] == aborted_at + held
-    )
+    assert all(row["a-sg"] for row in trace if row["t"] >= aborted_at)
     assert f["counts"].get("forced/AbortedHeld") == 1
+    assert f["rids"]["a-sg"] in {h["key"] for h in f["quarantine"]["holds"]}
+    # both freed once the prefill resumed and the READ completed
+    after = pull["after_thaw"]
+    assert after["a-sg_held"] is False and after["a-plain_held"] is False
+
+
+def test_late_read_after_a_forced_failure_never_touches_another_request(pull: Any) -> None:
+    """The stale-write test (docs/vllm.md, "Freed blocks and DMA"). After the forced
+    failures every block the allocator could hand out is given to a new owner
+    (vllm_engine.NEW_OWNER), then the frozen prefill resumes.
+
+    * control (the old stallguard, and any backstop that frees): the handles released,
+      the blocks freed; the late READ overwrites the new owner's bytes;
+    * stallguard: the failed request's blocks were quarantined; the late READ lands in
+      them, byte for byte the prefill's KV (the transfer really was in flight), and not
+      one byte of a new owner changes; the blocks are freed once NIXL reports the READ
+      done, so nothing leaks."""
+    after = pull["after_thaw"]
+    unsafe, guarded = after["unsafe"], after["guarded"]
+    block = 8192  # bytes of one block over both layers
+    assert unsafe["new_owner_bytes_changed"] == 4 * block, unsafe
+    assert guarded["new_owner_bytes"] > 0
+    assert guarded["new_owner_bytes_changed"] == 0, guarded
+    assert len(guarded["held_at_failure"]) == 4
+    assert guarded["late_bytes_in_held_blocks"] == 4 * block
+    assert guarded["held_bytes_from_prefill"] == 4 * block
+    assert guarded["released_after_thaw_s"] is not None and not guarded["still_held"]
+    assert after["held_sg"] == 0
+    assert after["quarantine"]["holds"] == 0
+    assert after["quarantine"]["released"] == {"transfer_done": 2}
+    assert after["quarantine"]["escalated"] == 0
 
 
 def test_prometheus_counter_on_vllm_metrics(pull: Any) -> None:
@@ -158,35 +192,10 @@ def test_prometheus_counter_on_vllm_metrics(pull: Any) -> None:
     assert pull["prometheus"] == {k: float(v) for k, v in shipped.items()}
 
 
-def test_blocks_stay_held_while_a_release_is_refused(pull: Any) -> None:
-    """vLLM's rule for its own failures, kept by stallguard: a transfer handle whose
-    release fails keeps the request's blocks (the NIC may still write into them); the
-    release is retried every step and the request fails once it succeeds."""
-    rel = pull["release_refused"]
-    deadline = pull["deadline"]
-    trace = rel["trace"]
-    assert rel["refused_at"] == [1 + deadline, 2 + deadline, 3 + deadline]
-    for row in trace:
-        if row["t"] < 4 + deadline:
-            assert row["status"] == "WAITING_FOR_REMOTE_KVS" and row["held"] > 0
-            assert row["in_flight"] >= 1
-    done = next(row for row in trace if row["status"] == "FINISHED_ERROR")
-    assert done["t"] == 4 + deadline and done["held"] == 0
-    assert [o["finish"] for o in rel["outputs"]] == ["ERROR"]
-
-
-def test_freed_blocks_after_thaw(pull: Any) -> None:
-    """What happens when the frozen prefill resumes after stallguard failed the decode:
-    recorded, and asserted to be clean (nothing lands in the freed blocks)."""
-    after = pull["after_thaw"]
-    assert after["blocks"]
-    assert after["nonzero_in_freed_blocks"] == 0
-
-
 def test_push_mode_write_never_arrives(push: Any) -> None:
     """Push: the decode registered its blocks and waits for a WRITE + notification from a
     prefill that froze. Plain: still waiting after 3 x the deadline; stallguard: failed
-    in the first step past it, blocks freed, one error output."""
+    in the first step past it (one error output), its blocks quarantined."""
     assert push["warm"] == {"plain": "FINISHED_LENGTH_CAPPED", "guarded": "FINISHED_LENGTH_CAPPED"}
     deadline = push["deadline"]
     trace = push["trace"]
@@ -195,9 +204,24 @@ def test_push_mode_write_never_arrives(push: Any) -> None:
     assert push["outputs"]["x-plain"] == []
     first_error = next(i for i, row in enumerate(trace) if row["x-sg"] == "FINISHED_ERROR")
     assert trace[first_error]["t"] == 1 + deadline
-    assert trace[-1]["held_sg"] == 0
+    assert all(row["held_sg"] > 0 and row["quarantined_sg"] == 1 for row in trace[first_error:])
     assert [o["finish"] for o in push["outputs"]["x-sg"]] == ["ERROR"]
     assert push["counts"] == {"forced/Receiving": 1}
+
+
+def test_late_write_after_a_forced_failure_never_touches_another_request(push: Any) -> None:
+    """Push's stale-write test: the prefill resumes and WRITEs into the decode blocks it
+    was given. Control (blocks freed at the failure): the new owner's bytes are
+    overwritten. stallguard: the WRITE lands in the quarantined blocks, the new owners
+    are untouched, and the completion notification frees the blocks."""
+    after = push["after_thaw"]
+    unsafe, guarded = after["unsafe"], after["guarded"]
+    assert unsafe["new_owner_bytes_changed"] > 0, unsafe
+    assert guarded["new_owner_bytes_changed"] == 0, guarded
+    assert guarded["late_bytes_in_held_blocks"] > 0, guarded
+    assert not guarded["still_held"] and after["held_sg"] == 0
+    assert after["quarantine"]["holds"] == 0
+    assert after["quarantine"]["released"] == {"transfer_done": 1}
 
 
 def test_bad_config_stops_the_engine(scenarios: Any) -> None:

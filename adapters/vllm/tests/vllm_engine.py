@@ -166,6 +166,73 @@ class Engine:
     def block_ids(self, rid: str) -> list[int]:
         return list(self.scheduler.kv_cache_manager.get_block_ids(rid)[0])
 
+    def free_block_ids(self) -> list[int]:
+        """The blocks the allocator can hand to the next request."""
+        queue = self.scheduler.kv_cache_manager.block_pool.free_block_queue
+        return [b.block_id for b in queue.get_all_free_blocks() if not b.is_null]
+
+
+#: What a "new owner" writes into every block the allocator could give it: negative,
+#: so never a value of :func:`pattern` (whose values are 1..251).
+NEW_OWNER = -5.0
+
+
+def pattern(seed: int, layer: int, block: int) -> torch.Tensor:
+    """A block's known contents: distinct per engine (*seed*), layer and block, never
+    zero, exact in float16 (integers 1..251)."""
+    n = 2 * BLOCK * 32
+    values = (torch.arange(n, dtype=torch.int64) * 7 + block * 13 + layer * 101 + seed) % 251 + 1
+    return values.to(torch.float16).reshape(2, BLOCK, 32)
+
+
+def fill_pattern(caches: dict[str, torch.Tensor], seed: int) -> None:
+    for layer, name in enumerate(LAYERS):
+        for block in range(BLOCKS):
+            caches[name][block].copy_(pattern(seed, layer, block))
+
+
+def give_to_new_owner(e: Engine, blocks: list[int]) -> None:
+    """Write :data:`NEW_OWNER` into *blocks* (what the next request's KV would be)."""
+    for name in LAYERS:
+        for b in blocks:
+            e.caches[name][b].fill_(NEW_OWNER)
+
+
+def bytes_changed(e: Engine, blocks: list[int]) -> int:
+    """Bytes of *blocks* that no longer hold :data:`NEW_OWNER`."""
+    changed = 0
+    for name in LAYERS:
+        for b in blocks:
+            changed += int((e.caches[name][b] != NEW_OWNER).sum()) * e.caches[name].element_size()
+    return changed
+
+
+def snapshot(e: Engine, blocks: list[int]) -> dict[str, torch.Tensor]:
+    """A copy of *blocks* in every layer (see :func:`bytes_changed_since`)."""
+    return {name: e.caches[name][blocks].clone() for name in LAYERS} if blocks else {}
+
+
+def bytes_changed_since(e: Engine, snap: dict[str, torch.Tensor], blocks: list[int]) -> int:
+    """Bytes of *blocks* that differ from *snap* (what landed in them since)."""
+    if not blocks:
+        return 0
+    changed = 0
+    for name in LAYERS:
+        now = e.caches[name][blocks]
+        changed += int((now != snap[name]).sum()) * e.caches[name].element_size()
+    return changed
+
+
+def bytes_matching(e: Engine, blocks: list[int], seed: int, remote: list[int]) -> int:
+    """Bytes of *blocks* equal to the remote engine's pattern (*seed*) of the block each
+    was read from (*remote*, in the same order)."""
+    same = 0
+    for layer, name in enumerate(LAYERS):
+        for b, r in zip(blocks, remote, strict=True):
+            hit = e.caches[name][b] == pattern(seed, layer, r)
+            same += int(hit.sum()) * e.caches[name].element_size()
+    return same
+
 
 def engine(
     role: str,
@@ -175,9 +242,11 @@ def engine(
     module_path: str | None = None,
     extra: dict[str, Any] | None = None,
     port: int | None = None,
+    seed: int = 0,
 ) -> Engine:
     """*port*: the side channel (ZMQ handshake) to serve: a prefill always serves one, a
-    push-mode decode too (the prefill handshakes back before WRITE-ing)."""
+    push-mode decode too (the prefill handshakes back before WRITE-ing). *seed*: the
+    engine's KV contents (:func:`pattern`); give each engine its own."""
     vc = vllm_config(role, engine_id, connector=connector, module_path=module_path, extra=extra)
     with set_current_vllm_config(vc):
         sched = Scheduler(
@@ -189,7 +258,9 @@ def engine(
         )
         cls = KVConnectorFactory.get_connector_class(vc.kv_transfer_config)
         worker = cls(vc, KVConnectorRole.WORKER, kv_cache_config())
-    caches = {name: torch.zeros((BLOCKS, 2, BLOCK, 32), dtype=torch.float16) for name in LAYERS}
+    # known, non-zero contents: a transfer that lands is visible byte for byte
+    caches = {name: torch.empty((BLOCKS, 2, BLOCK, 32), dtype=torch.float16) for name in LAYERS}
+    fill_pattern(caches, seed)
     worker.register_kv_caches(caches)
     if port is not None:  # start the ZMQ handshake listener
         sched.connector.connector_scheduler.side_channel_port = port

@@ -44,7 +44,9 @@ def subprocess_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 PULL_P_PORT, PUSH_P_PORT, PUSH_D_PLAIN_PORT, PUSH_D_SG_PORT = 5600, 5601, 5602, 5603
-PREFILL_PLAIN_PORT, PREFILL_SG_PORT = 5604, 5605
+PREFILL_PLAIN_PORT, PREFILL_SG_PORT, PUSH_D_UNSAFE_PORT = 5604, 5605, 5606
+#: the prefill engines' KV contents (vllm_engine.pattern): what a late transfer carries
+PULL_P_SEED, PUSH_P_SEED = 11, 12
 
 
 def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -75,8 +77,10 @@ def prefill_process(inq: Any, outq: Any, port: int) -> None:
 
     V.init_process(port)
     engines = {
-        "pull": V.engine("kv_producer", "P", port=PULL_P_PORT),
-        "push": V.engine("kv_producer", "PP", connector="NixlPushConnector", port=PUSH_P_PORT),
+        "pull": V.engine("kv_producer", "P", port=PULL_P_PORT, seed=PULL_P_SEED),
+        "push": V.engine(
+            "kv_producer", "PP", connector="NixlPushConnector", port=PUSH_P_PORT, seed=PUSH_P_SEED
+        ),
     }
     outq.put({"ready": True})
     while True:
@@ -153,14 +157,77 @@ def _in_flight(e: Any, rid: str) -> int:
     return len(e.worker.connector_worker._recving_transfers.get(rid, ()))
 
 
-def pull(P: Prefill, clock: Any) -> dict[str, Any]:
-    """Pull mode: the freeze, the healthy slow transfer, the abort while waiting."""
+def _fail_the_old_way(e: Any, rid: str) -> None:
+    """What stallguard-vllm did before quarantine (and what a backstop that frees does):
+    release every in-flight handle (NIXL accepts it while the READ is PROC) and let vLLM
+    report the request failed and done, which frees its blocks. The control arm."""
+    w = e.worker.connector_worker
+    for h in w._recving_transfers.pop(rid, []):
+        w._handle_failed_transfer(rid, h, w._recv_failures)
+
+
+def _stale_write_check(
+    arms: dict[str, tuple[Any, str]],
+    P: Prefill,
+    tick: Any,
+    seed: int,
+    remote: dict[str, list[int]],
+    gone: Any,
+) -> dict[str, Any]:
+    """After the forced failures: every block the allocator could hand out goes to a
+    new owner (vllm_engine.NEW_OWNER); the frozen prefill resumes; once every late
+    transfer is over, count the new owners' bytes that changed, and the bytes of the
+    failed request's (quarantined) blocks that now hold the prefill's KV."""
     import vllm_engine as V
 
-    plain = V.engine("kv_consumer", "D-plain")
+    before: dict[str, Any] = {}
+    for name, (e, rid) in arms.items():
+        held = e.block_ids(rid) if rid in e.scheduler.requests else []
+        free = e.free_block_ids()
+        V.give_to_new_owner(e, free)
+        before[name] = {"held": held, "free": free, "content": V.snapshot(e, held)}
+    P.thaw()
+    thawed = time.monotonic()
+    released_after: dict[str, float | None] = {name: None for name in arms}
+    while time.monotonic() - thawed < 30:
+        tick(0.05, advance=0.0)
+        for name, (e, rid) in arms.items():
+            if released_after[name] is None and gone(e, rid):
+                released_after[name] = time.monotonic() - thawed
+        if all(v is not None for v in released_after.values()):
+            break
+    for _ in range(10):  # a late write to a freed block would land now
+        tick(0.05, advance=0.0)
+    out: dict[str, Any] = {}
+    for name, (e, rid) in arms.items():
+        held, free = before[name]["held"], before[name]["free"]
+        out[name] = {
+            "held_at_failure": held,
+            "new_owner_blocks": len(free),
+            "new_owner_bytes": len(free) * 2 * V.BLOCK * 32 * 2 * len(V.LAYERS),
+            "new_owner_bytes_changed": V.bytes_changed(e, free),
+            "late_bytes_in_held_blocks": V.bytes_changed_since(e, before[name]["content"], held),
+            "held_bytes": len(held) * 2 * V.BLOCK * 32 * 2 * len(V.LAYERS),
+            "held_bytes_from_prefill": V.bytes_matching(e, held, seed, remote[name])
+            if held and remote.get(name)
+            else None,
+            "released_after_thaw_s": released_after[name],
+            "still_held": rid in e.scheduler.requests,
+        }
+    return out
+
+
+def pull(P: Prefill, clock: Any) -> dict[str, Any]:
+    """Pull mode: the freeze, the healthy slow transfer, the abort while waiting, and
+    what a resumed prefill's late READ does to the memory of the failed requests."""
+    import vllm_engine as V
+
+    plain = V.engine("kv_consumer", "D-plain", seed=21)
     guarded = V.engine(
-        "kv_consumer", "D-sg", connector="StallguardNixlConnector", module_path=SG_MODULE
+        "kv_consumer", "D-sg", connector="StallguardNixlConnector", module_path=SG_MODULE, seed=22
     )
+    unsafe = V.engine("kv_consumer", "D-unsafe", seed=23)
+    engines = (plain, guarded, unsafe)
     sg = guarded.connector.stallguard
     deadline = sg.config.receiving
     held_deadline = sg.config.aborted_held
@@ -175,18 +242,20 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
     def freeze_run(attempt: int) -> dict[str, Any]:
         rid = {
             k: f"{k}{'' if attempt == 1 else attempt}"
-            for k in ("f-plain", "f-sg", "a-plain", "a-sg")
+            for k in ("f-plain", "f-sg", "f-unsafe", "a-plain", "a-sg")
         }
         frozen = {k: P.prefill(rid[k]) for k in rid}
         P.freeze()
         real0 = time.monotonic()
         run(plain, rid["f-plain"], frozen["f-plain"])
         run(guarded, rid["f-sg"], frozen["f-sg"])
+        run(unsafe, rid["f-unsafe"], frozen["f-unsafe"])
         run(plain, rid["a-plain"], frozen["a-plain"])
         run(guarded, rid["a-sg"], frozen["a-sg"])
         start = clock()
         trace: list[dict[str, Any]] = []
         aborted_at = None
+        unsafe_failed_at = None
         blocks_sg: list[int] = []
         counts0 = dict(sg.counts)
         while clock() - start < 3 * deadline:
@@ -194,6 +263,9 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
             now = clock() - start
             if not blocks_sg and _status(guarded, rid["f-sg"]) == "WAITING_FOR_REMOTE_KVS":
                 blocks_sg = guarded.block_ids(rid["f-sg"])
+            if unsafe_failed_at is None and now >= 1 + deadline:
+                _fail_the_old_way(unsafe, rid["f-unsafe"])
+                unsafe_failed_at = now
             if aborted_at is None and now >= 2:
                 for e, k in ((plain, "a-plain"), (guarded, "a-sg")):
                     e.scheduler.finish_requests([rid[k]], V.RequestStatus.FINISHED_ABORTED)
@@ -203,6 +275,7 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
                     "t": now,
                     "f-plain": _status(plain, rid["f-plain"]),
                     "f-sg": _status(guarded, rid["f-sg"]),
+                    "f-unsafe": _status(unsafe, rid["f-unsafe"]),
                     "a-plain": rid["a-plain"] in plain.scheduler.requests,
                     "a-sg": rid["a-sg"] in guarded.scheduler.requests,
                     "held_plain": base["plain"] - plain.free_blocks(),
@@ -211,6 +284,8 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
                     + _in_flight(plain, rid["a-plain"]),
                     "in_flight_sg": _in_flight(guarded, rid["f-sg"])
                     + _in_flight(guarded, rid["a-sg"]),
+                    "in_flight_unsafe": _in_flight(unsafe, rid["f-unsafe"]),
+                    "quarantined_sg": _held(sg),
                 }
             )
         counts = {
@@ -232,20 +307,28 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
             ),
             "fault_held": all(
                 r["f-plain"] == "WAITING_FOR_REMOTE_KVS" and r["a-plain"] for r in trace
-            ),
+            )
+            and all(r["in_flight_unsafe"] >= 1 for r in trace if r["t"] < 1 + deadline),
             "blocks_sg": blocks_sg,
+            "remote_blocks": {k: _remote_blocks(frozen[k]) for k in rid},
+            "quarantine": {
+                "holds": [
+                    {"key": h.key, "peer": h.peer, "units": h.units, "nbytes": h.nbytes}
+                    for h in (sg.quarantine.holds() if hasattr(sg, "quarantine") else ())
+                ]
+            },
             "rids": rid,
         }
 
     def tick(real: float = 0.05, advance: float = 1.0) -> None:
         clock.advance(advance)
-        for e in (plain, guarded):
+        for e in engines:
             eco, _ = V.step(e)
             for v in eco.values():
                 stats = getattr(v, "scheduler_stats", None)
                 data = getattr(stats, "kv_connector_stats", None)
                 if e is guarded and data and any(data.get(k) for k in SG_KEYS):
-                    payloads.append({k: data[k] for k in SG_KEYS})
+                    payloads.append({k: data[k] for k in SG_KEYS if k in data})
                 for o in v.outputs:
                     outputs.setdefault(o.request_id, []).append(
                         {
@@ -257,12 +340,12 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
         time.sleep(real)
 
     # ---- warm-up: one healthy request per decode (handshakes done, agents connected)
-    for e, rid in ((plain, "warm-plain"), (guarded, "warm-sg")):
+    warm = ((plain, "warm-plain"), (guarded, "warm-sg"), (unsafe, "warm-unsafe"))
+    for e, rid in warm:
         run(e, rid, P.prefill(rid))
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60 and any(
-        _status(e, r) != "FINISHED_LENGTH_CAPPED"
-        for e, r in ((plain, "warm-plain"), (guarded, "warm-sg"))
+        _status(e, r) != "FINISHED_LENGTH_CAPPED" for e, r in warm
     ):
         tick()
     out["warm"] = {"plain": _status(plain, "warm-plain"), "guarded": _status(guarded, "warm-sg")}
@@ -314,62 +397,30 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
             tick(0.05, advance=0.0)
     freeze["attempts"] = attempt
     out["freeze"] = freeze
-    blocks_sg = freeze.pop("blocks_sg")
+    freeze.pop("blocks_sg")
+    rids = freeze["rids"]
 
-    # ---- after the failure: zero the freed blocks, thaw P, see whether anything lands
-    for name in V.LAYERS:
-        for b in blocks_sg:
-            guarded.caches[name][b].zero_()
-    P.thaw()
-    for _ in range(20):
-        tick(0.05)
-    out["after_thaw"] = {
-        "blocks": blocks_sg,
-        "nonzero_in_freed_blocks": int(
-            sum(int(guarded.caches[n][b].count_nonzero()) for n in V.LAYERS for b in blocks_sg)
-        ),
-        "f-plain": _status(plain, freeze["rids"]["f-plain"]),
-        "held_plain": base["plain"] - plain.free_blocks(),
-    }
-
-    # ---- a release that fails: vLLM's rule "no release, no free" must hold. The
-    # NIXL agent's release_xfer_handle is made to raise (standing in for a backend that
-    # cannot confirm the DMA stopped) for the first 3 calls after the deadline.
-    params = P.prefill("rel")
-    P.freeze()
-    run(guarded, "rel-sg", params)
-    agent = guarded.worker.connector_worker.nixl_wrapper
-    real_release = agent.release_xfer_handle
-    refused: list[float] = []
-
-    def release(handle: Any) -> Any:
-        if len(refused) < 3:
-            refused.append(clock())
-            raise RuntimeError("injected: release refused")
-        return real_release(handle)
-
-    agent.release_xfer_handle = release
-    start = clock()
-    rel_trace = []
-    try:
-        while clock() - start < 2 * deadline:
-            tick()
-            rel_trace.append(
-                {
-                    "t": clock() - start,
-                    "status": _status(guarded, "rel-sg"),
-                    "in_flight": _in_flight(guarded, "rel-sg"),
-                    "held": base["guarded"] - guarded.free_blocks(),
-                }
-            )
-    finally:
-        agent.release_xfer_handle = real_release
-        P.thaw()
-    out["release_refused"] = {
-        "refused_at": [t - start for t in refused],
-        "trace": rel_trace,
-        "outputs": outputs.get("rel-sg", []),
-    }
+    # ---- the thaw: new owners for every block the allocator could hand out, then the
+    # prefill resumes and its late READs complete
+    remote = freeze["remote_blocks"]
+    out["after_thaw"] = _stale_write_check(
+        {"guarded": (guarded, rids["f-sg"]), "unsafe": (unsafe, rids["f-unsafe"])},
+        P,
+        tick,
+        PULL_P_SEED,
+        {"guarded": remote["f-sg"], "unsafe": remote["f-unsafe"]},
+        lambda e, rid: rid not in e.scheduler.requests,
+    )
+    out["after_thaw"].update(
+        {
+            "a-sg_held": rids["a-sg"] in guarded.scheduler.requests,
+            "a-plain_held": rids["a-plain"] in plain.scheduler.requests,
+            "f-plain": _status(plain, rids["f-plain"]),
+            "held_plain": base["plain"] - plain.free_blocks(),
+            "held_sg": base["guarded"] - guarded.free_blocks(),
+            "quarantine": _quarantine_view(sg),
+        }
+    )
     for _ in range(5):
         tick(0.05, advance=0.0)
 
@@ -379,13 +430,40 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
     return out
 
 
+def _remote_blocks(params: dict[str, Any]) -> list[int]:
+    """The prefill's block ids a decode reads, from its kv_transfer_params."""
+    ids = params["remote_block_ids"]
+    if ids and isinstance(ids[0], (list, tuple)):
+        ids = ids[0]
+    return [int(b) for b in ids]
+
+
+def _held(sg: Any) -> int:
+    """How many requests the tracker quarantines (0 for a stallguard-vllm without
+    quarantine, so that these scenarios also run against an older adapter)."""
+    return len(sg.quarantine) if hasattr(sg, "quarantine") else 0
+
+
+def _quarantine_view(sg: Any) -> dict[str, Any] | None:
+    if not hasattr(sg, "quarantine"):
+        return None
+    snap = sg.quarantine.snapshot()
+    return {
+        "holds": snap.holds,
+        "units": snap.units,
+        "nbytes": snap.nbytes,
+        "released": dict(snap.released),
+        "escalated": snap.escalated,
+    }
+
+
 def push(P: Prefill, clock: Any) -> dict[str, Any]:
     """Push mode: the decode registered its blocks and waits for the prefill's WRITE and
     notification; the prefill is frozen after a healthy warm-up request."""
     import vllm_engine as V
 
     plain = V.engine(
-        "kv_consumer", "DP-plain", connector="NixlPushConnector", port=PUSH_D_PLAIN_PORT
+        "kv_consumer", "DP-plain", connector="NixlPushConnector", port=PUSH_D_PLAIN_PORT, seed=31
     )
     guarded = V.engine(
         "kv_consumer",
@@ -393,7 +471,16 @@ def push(P: Prefill, clock: Any) -> dict[str, Any]:
         connector="StallguardNixlPushConnector",
         module_path=SG_MODULE,
         port=PUSH_D_SG_PORT,
+        seed=32,
     )
+    unsafe = V.engine(
+        "kv_consumer",
+        "DP-unsafe",
+        connector="NixlPushConnector",
+        port=PUSH_D_UNSAFE_PORT,
+        seed=33,
+    )
+    engines = (plain, guarded, unsafe)
     sg = guarded.connector.stallguard
     deadline = sg.config.receiving
     base = {"plain": plain.free_blocks(), "guarded": guarded.free_blocks()}
@@ -409,7 +496,7 @@ def push(P: Prefill, clock: Any) -> dict[str, Any]:
 
     def tick(real: float = 0.05, advance: float = 1.0) -> None:
         clock.advance(advance)
-        for e in (plain, guarded):
+        for e in engines:
             eco, _ = V.step(e)
             for v in eco.values():
                 for o in v.outputs:
@@ -420,44 +507,72 @@ def push(P: Prefill, clock: Any) -> dict[str, Any]:
 
     # warm-up: decode registers first, then the prefill runs the same request id and
     # WRITEs into the registered blocks
-    for e, rid in ((plain, "w-plain"), (guarded, "w-sg")):
+    warm = ((plain, "w-plain"), (guarded, "w-sg"), (unsafe, "w-unsafe"))
+    for e, rid in warm:
         V.add(e, V.request(rid, {**coords, "remote_request_id": rid}, 4))
     # (stallguard's clock stands still during the warm-up: its length depends on the
     # machine's load, and only the frozen request below is under test)
     for _ in range(5):
         tick(advance=0.0)
-    for rid in ("w-plain", "w-sg"):
+    for _, rid in warm:
         P.prefill(rid, "push")
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60 and any(
-        _status(e, r) != "FINISHED_LENGTH_CAPPED"
-        for e, r in ((plain, "w-plain"), (guarded, "w-sg"))
+        _status(e, r) != "FINISHED_LENGTH_CAPPED" for e, r in warm
     ):
         tick(advance=0.0)
     out: dict[str, Any] = {
         "deadline": deadline,
         "warm": {"plain": _status(plain, "w-plain"), "guarded": _status(guarded, "w-sg")},
     }
+    # the prefill freezes with the three requests queued: the decodes register their
+    # blocks and wait; on thaw the prefill runs them and WRITEs into those blocks
     P.freeze()
-    for e, rid in ((plain, "x-plain"), (guarded, "x-sg")):
+    x = ((plain, "x-plain"), (guarded, "x-sg"), (unsafe, "x-unsafe"))
+    for e, rid in x:
         V.add(e, V.request(rid, {**coords, "remote_request_id": rid}, 4))
+    for _, rid in x:
+        P.inq.put(("push", rid))
     start = clock()
     trace = []
+    unsafe_failed_at = None
     while clock() - start < 3 * deadline:
         tick()
+        now = clock() - start
+        if unsafe_failed_at is None and now >= 1 + deadline:
+            # the old stallguard: vLLM's failed-receive queue, blocks freed at once
+            unsafe.worker.connector_worker._failed_recv_reqs.put("x-unsafe")
+            unsafe_failed_at = now
         trace.append(
             {
-                "t": clock() - start,
+                "t": now,
                 "x-plain": _status(plain, "x-plain"),
                 "x-sg": _status(guarded, "x-sg"),
+                "x-unsafe": _status(unsafe, "x-unsafe"),
                 "held_plain": base["plain"] - plain.free_blocks(),
                 "held_sg": base["guarded"] - guarded.free_blocks(),
+                "quarantined_sg": _held(sg),
             }
         )
     out["trace"] = trace
-    out["outputs"] = {k: outputs.get(k, []) for k in ("x-plain", "x-sg")}
+    out["outputs"] = {k: outputs.get(k, []) for k in ("x-plain", "x-sg", "x-unsafe")}
     out["counts"] = dict((f"{k}/{p}", n) for (k, p), n in sg.counts.items())
-    P.thaw()
+    out["after_thaw"] = _stale_write_check(
+        {"guarded": (guarded, "x-sg"), "unsafe": (unsafe, "x-unsafe")},
+        P,
+        tick,
+        PUSH_P_SEED,
+        {},
+        lambda e, rid: rid not in e.scheduler.requests,
+    )
+    for _ in range(3):  # the prefill's answers to the three pushes
+        try:
+            P.outq.get(timeout=10)
+        except Exception:
+            break
+    out["after_thaw"]["quarantine"] = _quarantine_view(sg)
+    out["after_thaw"]["held_sg"] = base["guarded"] - guarded.free_blocks()
+    out["after_thaw"]["x-plain"] = _status(plain, "x-plain")
     return out
 
 

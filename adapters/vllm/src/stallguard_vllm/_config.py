@@ -41,8 +41,9 @@ DEFAULTS: Mapping[str, float | None] = {
     "Receiving": 120.0,
     "AbortedHeld": 30.0,
     "HeldForRead": 600.0,
+    "Quarantined": 300.0,
 }
-_DECODE_KEYS = ("Queued", "Receiving", "AbortedHeld")
+_DECODE_KEYS = ("Queued", "Receiving", "AbortedHeld", "Quarantined")
 _PREFILL_KEYS = ("HeldForRead",)
 _TOP_KEYS = ("mode", "decode", "prefill")
 
@@ -63,6 +64,11 @@ class Config:
         aborted_held: decode, the request finished (abort, error) while receiving: its
             blocks stay held until the transfer ends.
         held_for_read: prefill, blocks held after the prefill for the decode to read.
+        quarantined: decode, how long the blocks of a request stallguard failed (or
+            that was aborted while receiving) may stay quarantined, waiting for NIXL to
+            report every transfer into them over, before the hold is escalated (logged
+            at ERROR, reported, counted). The blocks are never freed on this timer: a
+            late READ or WRITE would land in another request's KV (docs/vllm.md).
         source: the file's path, or ``"STALLGUARD_VLLM=1"``, or ``"defaults"``.
     """
 
@@ -71,6 +77,7 @@ class Config:
     receiving: float | None = DEFAULTS["Receiving"]
     aborted_held: float | None = DEFAULTS["AbortedHeld"]
     held_for_read: float | None = DEFAULTS["HeldForRead"]
+    quarantined: float | None = DEFAULTS["Quarantined"]
     source: str = "defaults"
 
     def deadlines(self) -> dict[str, float | None]:
@@ -80,6 +87,7 @@ class Config:
             "Receiving": self.receiving,
             "AbortedHeld": self.aborted_held,
             "HeldForRead": self.held_for_read,
+            "Quarantined": self.quarantined,
         }
 
 
@@ -136,6 +144,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<dict>") -> Config:
         receiving=decode.seconds("Receiving", DEFAULTS["Receiving"]),
         aborted_held=decode.seconds("AbortedHeld", DEFAULTS["AbortedHeld"]),
         held_for_read=prefill.seconds("HeldForRead", DEFAULTS["HeldForRead"]),
+        quarantined=decode.seconds("Quarantined", DEFAULTS["Quarantined"]),
         source=source,
     )
 

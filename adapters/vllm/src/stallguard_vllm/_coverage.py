@@ -58,7 +58,7 @@ def coverage_rows(
             return f"{_secs(deadline)}, then reported (log, span, counter)"
         return f"{_secs(deadline)}, then {how}"
 
-    fail = "failed_recving -> kv_load_failure_policy"
+    fail = "failed_recving -> kv_load_failure_policy; blocks quarantined"
     rows = [
         CoverageRow(
             "Queued",
@@ -90,7 +90,18 @@ def coverage_rows(
             "both",
             "the transfer of an aborted request to end",
             "none (blocks held until finished_recving)",
-            action(config.aborted_held, "transfer failed -> blocks freed"),
+            action(config.aborted_held, "blocks quarantined (still held)"),
+        ),
+        CoverageRow(
+            "Quarantined",
+            "decode",
+            "both",
+            "NIXL to report every transfer into a failed request's blocks over",
+            "none (vLLM frees a failed request's blocks once its handles are released)",
+            "not guarded"
+            if config.mode == "off"
+            else f"{_secs(config.quarantined)}, then escalated (ERROR, span, gauge);"
+            " never freed on a timer",
         ),
         CoverageRow(
             "HeldForRead",
@@ -98,7 +109,10 @@ def coverage_rows(
             "both",
             "the transfer out (pull: D's READ; push: P's WRITE)",
             f"lease {lease_s:g} s, renewed by every decode heartbeat",
-            action(config.held_for_read, "lease expired -> finished_sending"),
+            action(
+                config.held_for_read,
+                "lease expired -> finished_sending, once the decode stopped heartbeating",
+            ),
         ),
     ]
     return [r for r in rows if r.transfer == "both" or r.transfer in wanted]

@@ -17,6 +17,12 @@ AbortedHeld decode  finished (abort, error) while Receiving / transfer ends
 HeldForRead prefill prefill done, blocks held for the decode / ``finished_sending``
 ========== ======== ===========================================================
 
+A request failed in ``Receiving`` (or overdue in ``AbortedHeld``) leaves its blocks in
+**quarantine** (:attr:`PhaseTracker.quarantine`, a :class:`stallguard.Quarantine`): the
+client gets its error at once, the blocks stay held until NIXL reports every transfer
+into them over (``finished_recving``: each handle ``DONE`` or ``ERR``), however long that
+takes. A hold older than the ``Quarantined`` deadline is escalated, never freed.
+
 Promises (tests/test_vllm_phases.py tries to break them):
 
 * a request is ordered failed at most once, ever;
@@ -24,7 +30,9 @@ Promises (tests/test_vllm_phases.py tries to break them):
   ordered failed;
 * a request is ordered failed in the first :meth:`step` at or past its phase's
   deadline, counted from when it entered the phase, and never before;
-* ``Queued`` is only ever reported, never failed.
+* ``Queued`` is only ever reported, never failed;
+* a failed request's blocks are released from quarantine only by its transfer's end
+  (:meth:`PhaseTracker.done`), never by a deadline.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallguard import Spec, Watchdog
+from stallguard import Hold, Quarantine, Spec, Watchdog
 
 from ._config import Config
 
@@ -43,6 +51,7 @@ __all__ = [
     "ABORTED_HELD",
     "DONE",
     "HELD_FOR_READ",
+    "QUARANTINED",
     "QUEUED",
     "RECEIVING",
     "Orders",
@@ -53,8 +62,8 @@ QUEUED = "Queued"
 RECEIVING = "Receiving"
 ABORTED_HELD = "AbortedHeld"
 HELD_FOR_READ = "HeldForRead"
+QUARANTINED = "Quarantined"
 DONE = "Done"
-_RECEIVE_PHASES = (RECEIVING, ABORTED_HELD)
 
 
 @dataclass(frozen=True)
@@ -64,8 +73,12 @@ class Orders:
     Attributes:
         fail_recv: decode requests whose receive the workers report failed (vLLM's
             ``failed_recving``), releasing their in-flight transfer handles first.
+            The workers never release a transfer handle that is still in flight: the
+            blocks stay with the failed request (quarantined) until NIXL reports it
+            ``DONE`` or ``ERR``.
         release_send: prefill requests whose held blocks the workers release (vLLM's
-            lease-expiry path: reported in ``finished_sending``).
+            lease-expiry path: reported in ``finished_sending``) once the decode has
+            stopped heartbeating for them.
     """
 
     fail_recv: frozenset[str] = field(default_factory=frozenset)
@@ -122,7 +135,14 @@ class PhaseTracker:
             mode="report",
             memory=1 << 16,
         )
-        #: (kind, phase) -> count, kind ``"forced"`` or ``"reported"``; since start.
+        #: failed (or aborted) requests' blocks, held until their transfer ends
+        self.quarantine: Quarantine[str] = Quarantine(
+            "vllm_kv_quarantine", deadline=config.quarantined, clock=clock, unit="blocks"
+        )
+        #: rid -> (peer engine id, blocks, bytes) of each request in Receiving
+        self._memory: dict[str, tuple[str, int, int]] = {}
+        #: (kind, phase) -> count, kind ``"forced"``, ``"reported"`` or
+        #: ``"quarantine_overdue"``; since start.
         self.counts: Counter[tuple[str, str]] = Counter()
         #: the same, since the last :meth:`take_counts` (what the metrics export).
         self._unexported: Counter[tuple[str, str]] = Counter()
@@ -143,9 +163,20 @@ class PhaseTracker:
         if rid in wd:
             wd.observe(rid, DONE)
 
-    def receiving(self, rid: str, *, trace_headers: Mapping[str, str] | None = None) -> None:
-        """Decode: blocks allocated, the request waits for remote KV."""
+    def receiving(
+        self,
+        rid: str,
+        *,
+        trace_headers: Mapping[str, str] | None = None,
+        peer: str = "",
+        blocks: int = 0,
+        nbytes: int = 0,
+    ) -> None:
+        """Decode: blocks allocated, the request waits for remote KV from *peer* (the
+        prefill's engine id) into *blocks* blocks (*nbytes* bytes): what is quarantined
+        if the request fails."""
         self._end(self.queue, rid)
+        self._memory[rid] = (peer, blocks, nbytes)
         self.transfers.observe(rid, RECEIVING)
         self._annotate(self.transfers, rid, "decode", trace_headers)
 
@@ -167,10 +198,18 @@ class PhaseTracker:
         self.transfers.observe(rid, HELD_FOR_READ)
         self._annotate(self.transfers, rid, "prefill", trace_headers)
 
-    def done(self, rid: str) -> None:
-        """The transfer ended (``finished_recving`` / ``finished_sending``)."""
+    def done(self, rid: str, *, failed: bool = False) -> Hold[str] | None:
+        """The transfer ended (``finished_recving`` / ``finished_sending``; *failed*:
+        reported in ``failed_recving`` too, a handle ended in ``ERR``): NIXL holds no
+        handle into its blocks any more. Releases its quarantine, if any (returned)."""
         self._end(self.queue, rid)
         self._end(self.transfers, rid)
+        self._memory.pop(rid, None)
+        if rid in self.quarantine:
+            return self.quarantine.release(
+                rid, proof="transfer_error" if failed else "transfer_done"
+            )
+        return None
 
     # ------------------------------------------------------------------ deadlines
 
@@ -181,6 +220,8 @@ class PhaseTracker:
             now = self.clock()
         for _ in self.queue.check(now):
             self._count("reported", QUEUED)
+        for _ in self.quarantine.check(now):
+            self._count("quarantine_overdue", QUARANTINED)
         expiries = self.transfers.check(now)
         if not expiries:
             return _NO_ORDERS
@@ -192,10 +233,14 @@ class PhaseTracker:
             self._count(kind, phase)
             if not self.enforce:
                 continue
-            if phase in _RECEIVE_PHASES:
-                fail.add(expiry.key)
+            rid = expiry.key
+            if phase == RECEIVING:
+                fail.add(rid)  # the client's error now; the blocks stay (quarantine)
+                self._hold(rid)
+            elif phase == ABORTED_HELD:
+                self._hold(rid)  # finished already; vLLM keeps its blocks: escalate
             elif phase == HELD_FOR_READ:
-                release.add(expiry.key)
+                release.add(rid)
         if not fail and not release:
             return _NO_ORDERS
         return Orders(frozenset(fail), frozenset(release))
@@ -208,6 +253,8 @@ class PhaseTracker:
 
     def phase_of(self, rid: str) -> str | None:
         """The phase *rid* is tracked in (None: not tracked)."""
+        if rid in self.quarantine:
+            return QUARANTINED
         state = self.transfers.state_of(rid)
         if state is None:
             state = self.queue.state_of(rid)
@@ -217,6 +264,16 @@ class PhaseTracker:
         return len(self.transfers) + len(self.queue)
 
     # ------------------------------------------------------------------ internals
+
+    def _hold(self, rid: str) -> None:
+        peer, blocks, nbytes = self._memory.get(rid, ("", 0, 0))
+        self.quarantine.hold(
+            rid,
+            peer=peer,
+            units=blocks,
+            nbytes=nbytes,
+            attributes={"vllm.request_id": rid, **self.attributes},
+        )
 
     def _count(self, kind: str, phase: str) -> None:
         self.counts[(kind, phase)] += 1

@@ -16,13 +16,17 @@ They are vLLM's own ``NixlPullConnector`` / ``NixlPushConnector`` plus:
   ``build_connector_meta``, which vLLM calls once per scheduler step, runs the deadline
   check; the requests found overdue ride to the workers on the step's connector metadata
   (two extra attributes).
-* **worker side**: ``start_load_kv`` fails each overdue receive the way vLLM fails a
-  broken one (``_handle_failed_transfer``: the in-flight NIXL handles are released,
-  and a handle whose release fails is kept, with its blocks, exactly as vLLM does); the
-  worker then reports the request in ``failed_recving``, which vLLM's
-  ``kv_load_failure_policy`` turns into ``FINISHED_ERROR`` (the client gets an error
-  response) and frees the blocks. Overdue prefill holds go through vLLM's lease-expiry
-  path (reported in ``finished_sending``, blocks freed).
+* **worker side**: the worker reports each overdue receive in ``failed_recving`` in
+  the same step, which vLLM's ``kv_load_failure_policy`` turns into ``FINISHED_ERROR``
+  (the client gets an error response). Its in-flight NIXL handles are **not**
+  released: releasing a handle does not stop its transfer (a frozen prefill that wakes
+  up completes the READ into the same addresses), so the request is not reported in
+  ``finished_recving`` and vLLM keeps its blocks, as it does for an aborted request,
+  until its own poll finds every handle ``DONE`` or ``ERR``. Until then the blocks are
+  quarantined (:attr:`PhaseTracker.quarantine`). Push mode the same: the blocks stay
+  registered for the prefill's WRITE until its completion notification. Overdue
+  prefill holds go through vLLM's lease-expiry path (reported in ``finished_sending``,
+  blocks freed) once the decode has stopped heartbeating for them.
 
 So nothing is scheduled by stallguard: a dict write per phase change, one clock read per
 step, and the failure path is vLLM's. The private attributes of vLLM's workers used here
@@ -43,12 +47,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (
 )
 
 from ._config import Config, config_or_raise
-from ._coverage import coverage_rows, format_coverage
+from ._coverage import DEFAULT_LEASE, coverage_rows, format_coverage
 from ._metrics import StallguardNixlPromMetrics, StallguardNixlStats, stats_with_counts
 from ._phases import PhaseTracker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
         KVConnectorStats,
@@ -80,10 +85,8 @@ RELEASE_SEND_ATTR = "stallguard_release_send"
 VLLM_INTERNALS = (
     "_recving_transfers",
     "_recving_metadata",
-    "_recv_failures",
-    "_failed_recv_reqs",
     "_reqs_to_send",
-    "_handle_failed_transfer",
+    "xfer_stats",
 )
 
 _logged_table = False
@@ -126,7 +129,13 @@ class _Stallguard:
         self.stallguard: PhaseTracker | None = None
         self._sg_fail: set[str] = set()
         self._sg_release: set[str] = set()
-        self._sg_retrying: set[str] = set()
+        #: receives failed this step: reported in the next ``failed_recving``
+        self._sg_failed_now: set[str] = set()
+        #: bytes of one block, over every layer (what a quarantined block holds)
+        self._sg_block_bytes = _block_bytes(kv_cache_config)
+        #: prefill: rid -> when its decode last heartbeated (perf_counter)
+        self._sg_heartbeats: dict[str, float] = {}
+        self._sg_silence = DEFAULT_LEASE / 3
         if config.mode == "off":
             log.info("stallguard-vllm: mode off (%s): plain NIXL connector", config.source)
             return
@@ -149,6 +158,11 @@ class _Stallguard:
                     f"{', '.join(missing)}; the adapter supports vLLM 0.33 "
                     "(set STALLGUARD_VLLM=0 to run the plain connector)"
                 )
+            # a decode that heartbeated within two of its heartbeat intervals (vLLM
+            # sends one every lease/6) is alive and may be reading a held block
+            lease = _lease(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+            self._sg_silence = (DEFAULT_LEASE if lease is None else lease) / 3
+            self._sg_watch_heartbeats()
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -170,7 +184,14 @@ class _Stallguard:
         if remote:
             assert sg is not None
             if num_external_tokens > 0:
-                sg.receiving(request.request_id, trace_headers=_headers(request))
+                blocks_held = sum(len(ids) for ids in blocks.get_block_ids())
+                sg.receiving(
+                    request.request_id,
+                    trace_headers=_headers(request),
+                    peer=str(params.get("remote_engine_id", "")) if params else "",
+                    blocks=blocks_held,
+                    nbytes=blocks_held * self._sg_block_bytes,
+                )
             else:
                 sg.not_receiving(request.request_id)
 
@@ -205,8 +226,9 @@ class _Stallguard:
         super().update_connector_output(connector_output)  # type: ignore[misc]
         sg = self.stallguard
         if sg is not None:
+            failed = connector_output.failed_recving or ()
             for rid in connector_output.finished_recving or ():
-                sg.done(rid)
+                sg.done(rid, failed=rid in failed)
             for rid in connector_output.finished_sending or ():
                 sg.done(rid)
 
@@ -265,47 +287,84 @@ class _Stallguard:
             self._sg_fail_receives()
         if self._sg_release:
             self._sg_release_sends()
+        seen = self._sg_heartbeats
+        if len(seen) > 64 and len(seen) > 2 * len(self.connector_worker._reqs_to_send):
+            held = self.connector_worker._reqs_to_send
+            for rid in [r for r in seen if r not in held]:
+                del seen[rid]
 
     def _sg_fail_receives(self) -> None:
-        """Fail each ordered receive through vLLM's own failure bookkeeping. A request
-        whose handles cannot all be released yet stays ordered (retried every step);
-        one still in its handshake waits for it to end (vLLM bounds it at 5 s)."""
+        """Report each ordered receive failed (the client's error, this step) without
+        releasing anything a transfer may still write: vLLM frees the blocks when its
+        own poll reports every handle of the request ``DONE`` or ``ERR``
+        (``finished_recving``). One still in its handshake (pull: no READ posted yet)
+        waits for it to end (vLLM bounds it at 5 s)."""
         w = self.connector_worker
         for rid in tuple(self._sg_fail):
             handles = w._recving_transfers.get(rid)
             if handles:
-                # count the failed transfer once (vLLM's nixl_num_failed_transfers), not
-                # once per retry of a refused release
-                first = rid not in self._sg_retrying
-                keep = [
-                    h
-                    for h in handles
-                    if not w._handle_failed_transfer(
-                        rid, h, w._recv_failures, record_failed_transfer=first
-                    )
-                ]
-                if keep:
-                    w._recving_transfers[rid] = keep  # vLLM's rule: no release, no free
-                    self._sg_retrying.add(rid)
-                    continue
-                del w._recving_transfers[rid]
-                self._sg_retrying.discard(rid)
+                # count the failed transfer once (vLLM's nixl_num_failed_transfers)
+                w.xfer_stats.record_failed_transfer()
+                self._sg_failed_now.add(rid)
             elif handles is not None:
                 pass  # push: the completion notification just arrived; let it succeed
             elif rid in w._recving_metadata:
                 if self._TRANSFER_MODE == "pull":
                     continue  # handshake pending: no READ issued yet
-                # push: nothing in flight on this side; vLLM's own failed-receive queue
-                w._failed_recv_reqs.put(rid)
+                # push: the prefill may still WRITE into the registered blocks; its
+                # completion notification ends the hold
+                w.xfer_stats.record_failed_transfer()
+                self._sg_failed_now.add(rid)
             self._sg_fail.discard(rid)
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        results: KVConnectorTransferResults = super().get_transfer_results(  # type: ignore[misc]
+            finished_req_ids
+        )
+        if self._sg_failed_now:
+            # failed, not finished: vLLM fails the request and keeps its blocks (its
+            # finish path delays the free of a request still WAITING_FOR_REMOTE_KVS)
+            # until a later step reports it in finished_recving. Reported in the same
+            # step as its finish (the READ just completed), failure still wins: the
+            # deadline passed, and the blocks are freed by the finish.
+            results.failed_recving.update(self._sg_failed_now)
+            self._sg_failed_now.clear()
+        return results
+
     def _sg_release_sends(self) -> None:
-        """Release ordered prefill holds through vLLM's lease-expiry path."""
+        """Release ordered prefill holds through vLLM's lease-expiry path, once the
+        decode has gone silent for them: a decode that heartbeats for a request may be
+        reading its blocks right now, and freeing them under a READ would hand this
+        request's decode another request's KV. A hold whose decode still heartbeats
+        stays ordered (checked every step); vLLM's own lease then decides."""
         w = self.connector_worker
+        now = time.perf_counter()
         for rid in tuple(self._sg_release):
             if rid in w._reqs_to_send:
+                last = self._sg_heartbeats.get(rid)
+                if last is not None and now - last < self._sg_silence:
+                    continue  # the decode is alive and may be reading: keep
                 w._reqs_to_send[rid] = float("-inf")  # expired: reaped this step
             self._sg_release.discard(rid)
+            self._sg_heartbeats.pop(rid, None)
+
+    def _sg_watch_heartbeats(self) -> None:
+        """Record when the decode last heartbeated for each held request (vLLM's
+        worker extends the lease in ``_handle_heartbeat``; stallguard wraps it)."""
+        w = self.connector_worker
+        handle = getattr(w, "_handle_heartbeat", None)
+        if handle is None:
+            return
+        seen = self._sg_heartbeats
+
+        def handle_heartbeat(payload: str) -> None:
+            handle(payload)
+            now = time.perf_counter()
+            for rid in payload.split(","):
+                if rid in w._reqs_to_send:
+                    seen[rid] = now
+
+        w._handle_heartbeat = handle_heartbeat
 
 
 class StallguardNixlConnector(_Stallguard, NixlPullConnector):
@@ -319,6 +378,17 @@ class StallguardNixlPushConnector(_Stallguard, NixlPushConnector):
     """vLLM's ``NixlPushConnector`` (WRITE) with stallguard's per-phase deadlines."""
 
     _TRANSFER_MODE = "push"
+
+
+def _block_bytes(kv_cache_config: KVCacheConfig) -> int:
+    """Bytes one block holds over every layer (0 if the config does not say)."""
+    total = 0
+    try:
+        for group in kv_cache_config.kv_cache_groups:
+            total += int(group.kv_cache_spec.page_size_bytes) * len(group.layer_names)
+    except (AttributeError, TypeError, ValueError):
+        return 0
+    return total
 
 
 def _headers(request: Request) -> Mapping[str, str] | None:
