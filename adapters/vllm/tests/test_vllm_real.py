@@ -40,6 +40,7 @@ CONFIG = """
 [decode]
 Receiving = 10
 AbortedHeld = 4
+Quarantined = 8
 [prefill]
 HeldForRead = 6
 """
@@ -73,7 +74,9 @@ def run_scenario(name: str, config_text: str, tmp_path: Path, timeout: float = 2
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Both scenarios in one subprocess pair (one vLLM start-up each side)."""
-    return run_scenario("pull,push,prefill_hold,badconfig", CONFIG, tmp_path_factory.mktemp("vllm"))
+    return run_scenario(
+        "pull,push,prefill_hold,badconfig,peer_killed", CONFIG, tmp_path_factory.mktemp("vllm")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -180,16 +183,27 @@ def test_late_read_after_a_forced_failure_never_touches_another_request(pull: An
     assert after["held_sg"] == 0
     assert after["quarantine"]["holds"] == 0
     assert after["quarantine"]["released"] == {"transfer_done": 2}
-    assert after["quarantine"]["escalated"] == 0
+    # both holds outlived Quarantined = 8 while the prefill was frozen: escalated (never
+    # freed), then released by the READs' end
+    assert after["quarantine"]["escalated"] == 2
 
 
 def test_prometheus_counter_on_vllm_metrics(pull: Any) -> None:
     """The counts travel the way vLLM ships connector stats (SchedulerStats ->
     frontend -> KVConnectorProm), each failure once."""
-    shipped = Counter(p for d in pull["stats_payloads"] for p in d["stallguard_forced"])
+    shipped = Counter(p for d in pull["stats_payloads"] for p in d.get("stallguard_forced", ()))
     assert shipped == Counter(pull["forced_total"])
     assert shipped["Receiving"] >= 1 and shipped["AbortedHeld"] >= 1
-    assert pull["prometheus"] == {k: float(v) for k, v in shipped.items()}
+    prom = dict(pull["prometheus"])
+    gauges = prom.pop("quarantine_gauges")
+    assert prom == {k: float(v) for k, v in shipped.items()}
+    # the quarantine gauges for peer P: 4 blocks (AbortedHeld), 8 (and Receiving), each
+    # hold overdue 8 s later (Quarantined = 8), then 0 once the resumed prefill's READs
+    # completed
+    block = 8192
+    assert [g[0] for g in gauges] == [4.0, 8.0, 8.0, 8.0, 0.0], gauges
+    assert [g[1] for g in gauges] == [4.0 * block, 8.0 * block, 8.0 * block, 8.0 * block, 0.0]
+    assert [g[2] for g in gauges] == [0.0, 0.0, 1.0, 2.0, 0.0]
 
 
 def test_push_mode_write_never_arrives(push: Any) -> None:
@@ -206,7 +220,8 @@ def test_push_mode_write_never_arrives(push: Any) -> None:
     assert trace[first_error]["t"] == 1 + deadline
     assert all(row["held_sg"] > 0 and row["quarantined_sg"] == 1 for row in trace[first_error:])
     assert [o["finish"] for o in push["outputs"]["x-sg"]] == ["ERROR"]
-    assert push["counts"] == {"forced/Receiving": 1}
+    # held from t = 11 to the thaw at t = 30: past Quarantined = 8, escalated once
+    assert push["counts"] == {"forced/Receiving": 1, "quarantine_overdue/Quarantined": 1}
 
 
 def test_late_write_after_a_forced_failure_never_touches_another_request(push: Any) -> None:
@@ -237,6 +252,20 @@ def test_bad_config_stops_the_engine(scenarios: Any) -> None:
     assert bad["registered"] == ["StallguardNixlConnector", "StallguardNixlPushConnector"]
 
 
+def test_peer_killed_frees_the_quarantine(scenarios: Any) -> None:
+    """A quarantined request whose prefill process dies: NIXL reports the READ ended in
+    error, vLLM's poll ends it, and the blocks are freed (proof ``transfer_error``), so a
+    dead peer leaks nothing. Before the kill the request was failed and held."""
+    k = scenarios["peer_killed"]
+    failed = k["failed"]
+    assert failed["status"] == "FINISHED_ERROR" and failed["finishes"] == ["ERROR"]
+    assert failed["in_flight"] >= 1 and failed["held"] > 0 and failed["quarantined"] == 1
+    assert k["released_after_kill_s"] is not None, k
+    assert k["held_after"] == 0
+    assert k["quarantine"]["holds"] == 0
+    assert k["quarantine"]["released"] == {"transfer_error": 1}
+
+
 def test_prefill_blocks_held_for_a_read_that_never_comes(scenarios: Any) -> None:
     """Prefill side: vLLM holds the blocks for its lease (300 s here, renewed by every
     decode heartbeat in production); stallguard releases them through vLLM's lease-expiry
@@ -265,4 +294,26 @@ def test_one_span_per_failure(scenarios: Any) -> None:
         assert side[rid] == "decode"
     assert side["h-sg"] == "prefill"
     total = sum(scenarios["pull"]["forced_total"].values()) + 2  # + push x-sg + prefill h-sg
-    assert len(ids) == total
+    assert len(ids) == total + 1  # + peer_killed's k-sg
+
+
+def test_overdue_quarantine_is_reported_with_its_memory(scenarios: Any) -> None:
+    """A hold past its Quarantined deadline is a ``stallguard.stall_reported`` span of
+    state Quarantined (never a forced failure: nothing is freed), with the peer and the
+    size of what is held; once per hold."""
+    spans = [
+        sp
+        for sp in scenarios["spans"]
+        if sp["attributes"].get("stallguard.spec") == "vllm_kv_quarantine"
+    ]
+    assert all(sp["name"] == "stallguard.stall_reported" for sp in spans)
+    rids = scenarios["pull"]["freeze"]["rids"]
+    keys = sorted(sp["attributes"]["stallguard.key"] for sp in spans)
+    assert keys == sorted([rids["a-sg"], rids["f-sg"], "x-sg"]), keys  # pull and push
+    for sp in spans:
+        a = sp["attributes"]
+        assert a["stallguard.state"] == "Quarantined"
+        assert a["stallguard.quarantine.peer"] == ("PP" if a["stallguard.key"] == "x-sg" else "P")
+        assert a["stallguard.quarantine.units"] == 4
+        assert a["stallguard.quarantine.bytes"] == 4 * 8192
+        assert a["stallguard.quarantine.action"] == "holding"

@@ -24,7 +24,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SG_MODULE = "stallguard_vllm.connector"
-SG_KEYS = ("stallguard_forced", "stallguard_reported")
+SG_KEYS = ("stallguard_forced", "stallguard_reported", "stallguard_quarantine")
 
 
 def subprocess_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -56,17 +56,31 @@ def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
     prom = KVConnectorProm(e.scheduler.vllm_config, ["model_name", "engine"], {0: ["tiny", "0"]})
+    labels = {"model_name": "tiny", "engine": "0"}
+    gauges: list[list[float | None]] = []  # (blocks, bytes, overdue) for peer P, per payload
     for data in payloads:
         full = dict(e.connector.build_kv_connector_stats().data)
         full.update(data)
         prom.observe(full, 0)
-    labels = {"model_name": "tiny", "engine": "0"}
-    return {
+        if data.get("stallguard_quarantine"):
+            gauges.append(
+                [
+                    REGISTRY.get_sample_value(name, {**labels, "peer": "P"})
+                    for name in (
+                        "vllm:stallguard_quarantined_blocks",
+                        "vllm:stallguard_quarantined_bytes",
+                        "vllm:stallguard_quarantine_overdue",
+                    )
+                ]
+            )
+    out: dict[str, Any] = {
         phase: REGISTRY.get_sample_value(
             "vllm:stallguard_forced_failures_total", {**labels, "phase": phase}
         )
         for phase in ("Receiving", "AbortedHeld")
     }
+    out["quarantine_gauges"] = gauges
+    return out
 
 
 def prefill_process(inq: Any, outq: Any, port: int) -> None:
@@ -145,7 +159,10 @@ class Prefill:
         os.kill(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
+        try:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # already killed (the peer_killed scenario)
+            pass
 
 
 def _status(e: Any, rid: str) -> str:
@@ -328,7 +345,7 @@ def pull(P: Prefill, clock: Any) -> dict[str, Any]:
                 stats = getattr(v, "scheduler_stats", None)
                 data = getattr(stats, "kv_connector_stats", None)
                 if e is guarded and data and any(data.get(k) for k in SG_KEYS):
-                    payloads.append({k: data[k] for k in SG_KEYS if k in data})
+                    payloads.append({k: data[k] for k in SG_KEYS if data.get(k)})
                 for o in v.outputs:
                     outputs.setdefault(o.request_id, []).append(
                         {
@@ -620,6 +637,65 @@ def prefill_hold(P: Prefill, clock: Any) -> dict[str, Any]:
     }
 
 
+def peer_killed(P: Prefill, clock: Any) -> dict[str, Any]:
+    """The peer proven gone: the prefill is frozen mid-READ, stallguard fails the decode
+    request (quarantined), then the prefill process is SIGKILLed. NIXL reports the READ
+    ``ERR`` (the remote disconnected), vLLM's poll ends it, and the quarantine releases
+    the blocks with proof ``transfer_error``: nothing leaks. Kills P: run it last."""
+    import vllm_engine as V
+
+    e = V.engine(
+        "kv_consumer", "D-k", connector="StallguardNixlConnector", module_path=SG_MODULE, seed=24
+    )
+    sg = e.connector.stallguard
+    deadline = sg.config.receiving
+    base = e.free_blocks()
+
+    def tick(real: float = 0.05, advance: float = 1.0) -> list[str | None]:
+        clock.advance(advance)
+        eco, _ = V.step(e)
+        time.sleep(real)
+        return [
+            None if o.finish_reason is None else o.finish_reason.name
+            for v in eco.values()
+            for o in v.outputs
+        ]
+
+    V.add(e, V.request("k-warm", V.decode_params(P.prefill("k-warm")), 4))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60 and _status(e, "k-warm") != "FINISHED_LENGTH_CAPPED":
+        tick(advance=0.0)
+    params = P.prefill("k-sg")
+    P.freeze()
+    V.add(e, V.request("k-sg", V.decode_params(params), 4))
+    finishes: list[str | None] = []
+    start = clock()
+    while clock() - start < deadline + 3:
+        finishes += tick()
+    failed = {
+        "status": _status(e, "k-sg"),
+        "in_flight": _in_flight(e, "k-sg"),
+        "held": base - e.free_blocks(),
+        "quarantined": _held(sg),
+        "finishes": [f for f in finishes if f is not None],
+    }
+    P.kill()
+    killed = time.monotonic()
+    released_after = None
+    while time.monotonic() - killed < 30:
+        tick(advance=0.0)
+        if "k-sg" not in e.scheduler.requests:
+            released_after = time.monotonic() - killed
+            break
+    return {
+        "deadline": deadline,
+        "failed": failed,
+        "released_after_kill_s": released_after,
+        "held_after": base - e.free_blocks(),
+        "quarantine": _quarantine_view(sg),
+    }
+
+
 def badconfig(P: Prefill, clock: Any) -> dict[str, Any]:
     """A bad configuration file, as vLLM meets it: the engine's scheduler builds the
     stallguard connector (EngineCore does this at start-up), and vLLM loads the general
@@ -704,7 +780,13 @@ def run_all(config_path: str, which: list[str]) -> dict[str, Any]:
         P.kill()
 
 
-SCENARIOS = {"pull": pull, "push": push, "prefill_hold": prefill_hold, "badconfig": badconfig}
+SCENARIOS = {
+    "pull": pull,
+    "push": push,
+    "prefill_hold": prefill_hold,
+    "badconfig": badconfig,
+    "peer_killed": peer_killed,  # last: it kills the prefill process
+}
 
 
 def main() -> None:

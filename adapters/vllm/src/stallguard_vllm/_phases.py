@@ -139,6 +139,8 @@ class PhaseTracker:
         self.quarantine: Quarantine[str] = Quarantine(
             "vllm_kv_quarantine", deadline=config.quarantined, clock=clock, unit="blocks"
         )
+        #: the per-peer quarantine figures last handed to the metrics
+        self._shipped: tuple[tuple[str, int, int, int, int], ...] = ()
         #: rid -> (peer engine id, blocks, bytes) of each request in Receiving
         self._memory: dict[str, tuple[str, int, int]] = {}
         #: (kind, phase) -> count, kind ``"forced"``, ``"reported"`` or
@@ -250,6 +252,19 @@ class PhaseTracker:
         out = self._unexported
         self._unexported = Counter()
         return out
+
+    def take_quarantine(self) -> list[list[Any]] | None:
+        """The quarantine per peer, ``[[peer, holds, blocks, bytes, overdue], ...]``, if
+        it changed since the last call (for the Prometheus gauges), else None. Cheap
+        when nothing is or was quarantined."""
+        if not self.quarantine and not self._shipped:
+            return None
+        snap = self.quarantine.snapshot()
+        rows = tuple((p.peer, p.holds, p.units, p.nbytes, p.overdue) for p in snap.by_peer.values())
+        if rows == self._shipped:
+            return None
+        self._shipped = rows
+        return [list(r) for r in rows]
 
     def phase_of(self, rid: str) -> str | None:
         """The phase *rid* is tracked in (None: not tracked)."""

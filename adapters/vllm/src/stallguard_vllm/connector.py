@@ -257,8 +257,9 @@ class _Stallguard:
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         stats = super().get_kv_connector_stats()  # type: ignore[misc]
         sg = self.stallguard
-        counts = sg.take_counts() if sg is not None else None
-        return stats_with_counts(stats, counts)
+        if sg is None:
+            return stats_with_counts(stats, None)
+        return stats_with_counts(stats, sg.take_counts(), sg.take_quarantine())
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
