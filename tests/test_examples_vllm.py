@@ -27,6 +27,10 @@ def test_vllm_wedge_demo_releases_what_plain_vllm_keeps_pinned(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "| pull: READ to a frozen prefill | without | WAITING_FOR_REMOTE_KVS |" in out, out
-    assert "| with | FINISHED_ERROR at t=11 s | 0 | error response |" in out, out
+    assert "| with | FINISHED_ERROR at t=11 s | 8 (quarantined) | error response |" in out, out
     assert "never failed" in out, out
+    # the thaw: stallguard's quarantine kept every new owner's bytes, the control did not
+    assert "| pull (READ) | stallguard | 0 of " in out, out
+    assert "| push (WRITE) | stallguard | 0 of " in out, out
+    assert "| pull (READ) | frees at once (control) | 32,768 of " in out, out
     assert (tmp_path / "out" / "vllm_results.json").exists()
