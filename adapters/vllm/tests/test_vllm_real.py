@@ -317,3 +317,29 @@ def test_overdue_quarantine_is_reported_with_its_memory(scenarios: Any) -> None:
         assert a["stallguard.quarantine.units"] == 4
         assert a["stallguard.quarantine.bytes"] == 4 * 8192
         assert a["stallguard.quarantine.action"] == "holding"
+
+
+def test_tearing_the_peer_down_does_not_stop_a_late_read(tmp_path: Path) -> None:
+    """Why an overdue quarantine keeps holding instead of tearing the peer down: on raw
+    NIXL (the agents vLLM uses), ``remove_remote_agent`` on a READ to a frozen peer makes
+    the handle's poll raise, yet the READ completes into the buffer when the peer
+    resumes, every byte of it. A teardown that freed the memory would hand it to the
+    next request. (Control: the READ was in flight - nothing had landed before.)"""
+    out = tmp_path / "teardown.json"
+    proc = subprocess.run(
+        [str(VENV_PYTHON), str(HERE / "nixl_teardown.py"), str(out)],
+        cwd=HERE,
+        env=vllm_scenarios.subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        errors="replace",
+    )
+    assert out.exists(), proc.stdout[-2000:] + proc.stderr[-4000:]
+    r = json.loads(out.read_text())
+    assert "error" not in r, r
+    assert r["warm_read_ok"] is True
+    assert r["state_before_teardown"] == "PROC" and r["landed_before_teardown_bytes"] == 0
+    assert r["state_after_teardown"] != "PROC"  # NIXL no longer reports it in flight...
+    assert r["new_owner_bytes_changed"] == r["new_owner_bytes"], r  # ...and it all lands
+    assert r["changed_bytes_are_prefill_data"] is True
