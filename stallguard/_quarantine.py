@@ -292,7 +292,9 @@ class Quarantine(Generic[K]):
         for expiry in expiries:
             with self._lock:
                 held = self._holds.get(expiry.key)
-                if held is None or held.overdue:
+                # released meanwhile, already escalated, or released and held again (a
+                # new stay, with its own deadline): nothing to escalate
+                if held is None or held.overdue or held.since != expiry.entered_at:
                     continue
                 held = attrs.evolve(held, overdue=True)
                 self._holds[expiry.key] = held
