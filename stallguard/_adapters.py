@@ -88,8 +88,8 @@ def read_toml(path: str, *, var: str) -> dict[str, Any]:
         raise ConfigError(f"{var}={path!r}: no such file") from None
     except IsADirectoryError:
         raise ConfigError(f"{var}={path!r}: is a directory, not a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"{var}={path!r}: cannot read it: {e}") from None
+    except OSError as e:  # (strerror: the message without the path a second time)
+        raise ConfigError(f"{var}={path!r}: cannot read it: {e.strerror or e}") from None
     except (ValueError, TypeError) as e:  # an embedded NUL; not a path at all
         raise ConfigError(f"{var}={shorten(repr(path))}: not a usable file path: {e}") from None
     return _parse_toml(data, path)
