@@ -34,6 +34,7 @@ NAMES = ["kv", "kv_sender", "kv-sender", "Kv.Sender", "kv_deadline", "s", "é", 
 STATES = ["A", "B", "Wait-Input", "Wait_Input", "wait input", "MODE", "Success", "", "1"]
 KEYS = ["deadlines", "terminal", "lifetime", "mode", "unknown_state", "memory", "seconds"]
 
+
 def nested(depth: int) -> list:
     value: list = []
     for _ in range(depth):
