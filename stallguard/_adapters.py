@@ -8,6 +8,8 @@ same message shape as the core's own config loader
 * :func:`env_enabled` - the enable/disable switch and the config-file variable;
 * :func:`read_toml` - a TOML file named by an environment variable, every failure a
   :class:`~stallguard.ConfigError` naming the variable and the path;
+* :func:`read_config` - that file through the adapter's schema, any exception while
+  interpreting it a :class:`~stallguard.ConfigError` naming the file too;
 * :class:`TableReader` - strict reading of one table: unknown keys (with a "did you
   mean" hint), sub-tables, choices, positive seconds.
 
@@ -17,20 +19,16 @@ Pure Python, no engine import; not part of the public API (adapters import it as
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from ._config import _error, _unknown_key
+from ._config import _error, _parse_toml, _show, _unknown_key
 from ._errors import ConfigError
-from ._validate import TOO_LARGE, seconds_or_problem
+from ._validate import TOO_LARGE, seconds_or_problem, shorten
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+__all__ = ["TableReader", "describe_exception", "env_enabled", "read_config", "read_toml"]
 
-__all__ = ["TableReader", "env_enabled", "read_toml"]
+T = TypeVar("T")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -60,8 +58,8 @@ def env_enabled(environ: Mapping[str, str], *, enable_var: str, config_var: str)
             enabled = False
         else:
             raise ConfigError(
-                f"environment variable {enable_var}={flag!r}: expected 1 (enable with the "
-                f"defaults) or 0 (disable), or unset it and name a file in {config_var}"
+                f"environment variable {enable_var}={shorten(repr(flag))}: expected 1 (enable "
+                f"with the defaults) or 0 (disable), or unset it and name a file in {config_var}"
             )
     if enabled is False:
         return None
@@ -74,21 +72,65 @@ def env_enabled(environ: Mapping[str, str], *, enable_var: str, config_var: str)
 def read_toml(path: str, *, var: str) -> dict[str, Any]:
     """Parse the TOML file *path* (named by the environment variable *var*).
 
+    Every failure to read or parse it is a :class:`ConfigError` naming the file: I/O,
+    encoding (TOML files are UTF-8), syntax, values nested thousands deep, integers of
+    more digits than Python reads, anything else the parser raises.
+
     Raises:
-        ConfigError: ``VAR='path': no such file`` (or: a directory, unreadable, or
-            ``path: not valid TOML: <parser message>``).
+        ConfigError: ``VAR='path': no such file`` (or: a directory, unreadable, not a
+            usable path), or ``path: not valid TOML: <what is wrong>`` (or: not UTF-8
+            text, naming the byte and its offset).
     """
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            data = f.read()
     except FileNotFoundError:
         raise ConfigError(f"{var}={path!r}: no such file") from None
     except IsADirectoryError:
         raise ConfigError(f"{var}={path!r}: is a directory, not a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"{var}={path!r}: cannot read it: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:  # (strerror: the message without the path a second time)
+        raise ConfigError(f"{var}={path!r}: cannot read it: {e.strerror or e}") from None
+    except (ValueError, TypeError) as e:  # an embedded NUL; not a path at all
+        raise ConfigError(f"{var}={shorten(repr(path))}: not a usable file path: {e}") from None
+    return _parse_toml(data, path)
+
+
+def read_config(path: str, *, var: str, parse: Callable[[dict[str, Any]], T]) -> T:
+    """:func:`read_toml`, then *parse* (the adapter's schema) on the document: the
+    boundary where an adapter's file becomes its configuration. Whatever goes wrong is a
+    :class:`ConfigError` naming the file: *parse*'s own (naming the key and the value),
+    and any other exception while interpreting the document (a value nested too deeply,
+    a stallguard bug) as ``path: cannot interpret it: ...``, so an engine never starts
+    on a file it was given but could not apply.
+
+    Raises:
+        ConfigError: as described.
+    """
+    document = read_toml(path, var=var)
+    try:
+        return parse(document)
+    except ConfigError:
+        raise
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: cannot interpret it: values nested too deeply; a config needs a few "
+            "levels of tables"
+        ) from None
+    except Exception as e:
+        raise ConfigError(
+            f"{path}: cannot interpret it ({describe_exception(e)}); check its values "
+            "against the documented schema (and report this: the message should have "
+            "named the key)"
+        ) from e
+
+
+def describe_exception(e: BaseException) -> str:
+    """``Type: message``, shortened, for an error message (never raises)."""
+    try:
+        text = str(e)
+    except Exception:  # a __str__ that fails
+        text = ""
+    return f"{type(e).__name__}: {shorten(text)}" if text else type(e).__name__
 
 
 class TableReader:
@@ -108,7 +150,7 @@ class TableReader:
 
     def __init__(self, table: object, *, source: str, where: str, allowed: tuple[str, ...]) -> None:
         if not isinstance(table, Mapping):
-            raise ConfigError(f"{source}: [{where}] must be a table, got {table!r}")
+            raise ConfigError(f"{source}: [{where}] must be a table, got {_show(table)}")
         for key, value in table.items():
             if key not in allowed:
                 raise _unknown_key(source, where, key, value, allowed)

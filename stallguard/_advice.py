@@ -35,6 +35,7 @@ import attrs
 from ._details import Mode, Snapshot
 from ._spec import state_label
 from ._stats import LADDER, Distribution, StateStatistics, Statistics
+from ._validate import _show
 
 __all__ = [
     "Advice",
@@ -205,13 +206,42 @@ def _pct(q: float) -> str:
 
 
 def _check(name: str, value: Any, low: float, high: float, *, low_open: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    ok = (value > low if low_open else value >= low) and value <= high
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float: out of every range here
+        number = math.inf if value > 0 else -math.inf
+    if math.isnan(number):
+        raise ValueError(f"{name} must be a number, got {_show(value)}")
+    ok = (number > low if low_open else number >= low) and number <= high
     if not ok:
         bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}")
-    return float(value)
+        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}], got {_show(value)}")
+    return number
+
+
+def _completed(completed: Iterable[str] | str | None) -> tuple[str, ...] | None:
+    """*completed* as a tuple of state labels; a single string is one state (iterating
+    it would count its characters)."""
+    if completed is None:
+        return None
+    if isinstance(completed, str):
+        return (completed,)
+    try:
+        labels = tuple(completed)
+    except TypeError:
+        raise TypeError(
+            "completed must be a terminal state label or an iterable of them, got "
+            f"{_show(completed)} ({type(completed).__name__})"
+        ) from None
+    for label in labels:
+        if not isinstance(label, str):
+            raise TypeError(
+                f"completed must hold state labels (strings), got {_show(label)} "
+                f"({type(label).__name__}) in it"
+            )
+    return labels
 
 
 def advise(
@@ -221,7 +251,7 @@ def advise(
     margin: float = 2.0,
     floor: float = 10.0,
     min_samples: int | None = None,
-    completed: Iterable[str] | None = None,
+    completed: Iterable[str] | str | None = None,
     snapshot: Snapshot[Any] | None = None,
     baseline: Statistics | None = None,
 ) -> Advice:
@@ -238,8 +268,8 @@ def advise(
             catches wedged requests; it is not a latency SLO).
         min_samples: stays needed for a suggestion; default ⌈10 / false_timeout_rate⌉.
         completed: terminal state labels that count as normal completion for the
-            would-be false positives; default: what the statistics say (the spec's first
-            terminal state).
+            would-be false positives (one label may be given as a plain string); default:
+            what the statistics say (the spec's first terminal state).
         snapshot: a :class:`~stallguard.Snapshot` with requests, to flag requests that
             are in a state now and older than its suggestion or than any recorded stay.
         baseline: an earlier copy of the same statistics (an earlier
@@ -248,19 +278,22 @@ def advise(
 
     Raises:
         ValueError: naming the parameter, for a value out of range.
+        TypeError: naming *completed*, if it is neither a string nor an iterable of
+            strings.
     """
     rate = _check("false_timeout_rate", false_timeout_rate, 0.0, 0.5, low_open=True)
+    given_margin = margin
     margin = _check("margin", margin, 1.0, math.inf, low_open=False)
     if math.isinf(margin):
-        raise ValueError(f"margin must be finite, got {margin!r}")
+        raise ValueError(f"margin must be finite, got {_show(given_margin)}")
     floor = _check("floor", floor, 0.0, LADDER[-1], low_open=False)
     if min_samples is None:
         need = math.ceil(round(10 / rate, 9))
     elif isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
-        raise ValueError(f"min_samples must be a positive int, got {min_samples!r}")
+        raise ValueError(f"min_samples must be a positive int, got {_show(min_samples)}")
     else:
         need = min_samples
-    done = None if completed is None else tuple(completed)
+    done = _completed(completed)
     ages: dict[str, list[float]] = {}
     if snapshot is not None:
         for request in snapshot.requests:
@@ -442,19 +475,24 @@ def _unescape(value: str) -> str:
 
 def read_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     """The samples of a Prometheus text exposition: ``(name, labels, value)``. Comments
-    and blank lines are skipped.
+    and blank lines are skipped; ``+Inf``, ``-Inf`` and ``NaN`` values are read as the
+    floats they name (valid exposition syntax).
 
     Raises:
         ValueError: naming the line, for a line that is not a sample.
     """
-    samples = []
+    return [(name, labels, value) for _, name, labels, value in _samples(text)]
+
+
+def _samples(text: str) -> Iterable[tuple[int, str, dict[str, str], float]]:
+    """``(line number, name, labels, value)`` for each sample of *text*."""
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
         m = _LINE.match(stripped)
         if m is None:
-            raise ValueError(f"line {number} is not a Prometheus sample: {line!r}")
+            raise ValueError(f"line {number} is not a Prometheus sample: {_short(line)}")
         labels: dict[str, str] = {}
         raw = m.group("labels")
         if raw:
@@ -462,15 +500,72 @@ def read_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
             while pos < len(raw):
                 lm = _LABEL.match(raw, pos)
                 if lm is None:
-                    raise ValueError(f"line {number}: cannot read the labels {{{raw}}}")
+                    shown = raw if len(raw) <= 80 else f"{raw[:77]}..."
+                    raise ValueError(f"line {number}: cannot read the labels {{{shown}}}")
                 labels[lm.group(1)] = _unescape(lm.group(2))
                 pos = lm.end()
         try:
             value = float(m.group("value"))
         except ValueError:
-            raise ValueError(f"line {number}: value {m.group('value')!r} is not a number") from None
-        samples.append((m.group("name"), labels, value))
-    return samples
+            raise ValueError(
+                f"line {number}: value {_short(m.group('value'))} is not a number"
+            ) from None
+        yield number, m.group("name"), labels, value
+
+
+def _short(text: str) -> str:
+    """repr(text), cut to a readable length for a message."""
+    shown = repr(text)
+    return shown if len(shown) <= 80 else f"{shown[:77]}... ({len(text)} characters)"
+
+
+def _series(name: str, labels: Mapping[str, str]) -> str:
+    """``name{a="x",...}`` as the exposition writes it (shortened), for messages."""
+    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    text = f"{name}{{{inner}}}" if inner else name
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
+def _bucket_bound(number: int, name: str, labels: Mapping[str, str]) -> float:
+    """The ``le`` of a bucket sample: a number or ``+Inf`` (``NaN`` and ``-Inf`` bound
+    nothing)."""
+    text = labels["le"]
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = math.nan
+    if math.isnan(bound) or bound == -math.inf:
+        raise ValueError(
+            f"line {number}: {_series(name, labels)}: le={_short(text)} is not a bucket "
+            'bound; a bucket\'s le is a number, or "+Inf" for the last one'
+        )
+    return bound
+
+
+def _count_value(number: int, name: str, labels: Mapping[str, str], value: float) -> float:
+    """A sample that counts something (a bucket, a counter): finite and not negative."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"line {number}: {_series(name, labels)} {_exposed(value)}: a count must be a "
+            "finite number >= 0 (NaN and infinite counts mean nothing)"
+        )
+    return value
+
+
+def _exposed(value: float) -> str:
+    """*value* as the exposition writes it (``+Inf``, ``-Inf``, ``NaN``)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def _whole(total: float, what: str) -> int:
+    """A summed count as an int (sums of huge counts can overflow a float)."""
+    if not math.isfinite(total):
+        raise ValueError(f"{what}: the counts summed over the series are too large ({total!r})")
+    return round(total)
 
 
 def statistics_from_prometheus(
@@ -503,9 +598,16 @@ def statistics_from_prometheus(
         completed_counter: a counter per state of reported requests that then completed
             normally (summed).
 
+    ``+Inf``, ``-Inf`` and ``NaN`` are valid exposition values: ``le="+Inf"`` is the
+    last bucket (required); a ``NaN`` gauge is ignored and a ``+Inf`` one means no
+    deadline; a sum may be anything. What cannot mean anything is refused, naming the
+    line, the series and the value: an ``le`` that is ``NaN``, ``-Inf`` or not a number,
+    and a bucket or counter value that is ``NaN``, infinite or negative.
+
     Raises:
         ValueError: if the text has no bucket of *histogram* matching *where*, or
-            inconsistent buckets.
+            inconsistent buckets, or a line that is not a sample, or a value above that
+            cannot mean anything (the message names the line, the series, the value).
     """
     where = dict(where or {})
     buckets: dict[str, dict[float, float]] = {}
@@ -519,25 +621,26 @@ def statistics_from_prometheus(
             return None
         return labels.get(state_label)
 
-    for name, labels, value in read_prometheus(text):
+    for number, name, labels, value in _samples(text):
         state = wanted(labels)
         if state is None:
             continue
         if name == f"{histogram}_bucket" and "le" in labels:
-            le = float(labels["le"])
+            le = _bucket_bound(number, name, labels)
             per = buckets.setdefault(state, {})
-            per[le] = per.get(le, 0.0) + value
+            per[le] = per.get(le, 0.0) + _count_value(number, name, labels, value)
         elif name == f"{histogram}_sum":
             sums[state] = sums.get(state, 0.0) + value
         elif deadline_gauge is not None and name == deadline_gauge:
-            gauges[state] = max(gauges.get(state, 0.0), value)
+            if not math.isnan(value):  # NaN: no value (max() would keep it or not by order)
+                gauges[state] = max(gauges.get(state, 0.0), value)
         elif fired_counter is not None and name in (fired_counter, f"{fired_counter}_total"):
-            fired[state] = fired.get(state, 0.0) + value
+            fired[state] = fired.get(state, 0.0) + _count_value(number, name, labels, value)
         elif completed_counter is not None and name in (
             completed_counter,
             f"{completed_counter}_total",
         ):
-            done[state] = done.get(state, 0.0) + value
+            done[state] = done.get(state, 0.0) + _count_value(number, name, labels, value)
     if not buckets:
         raise ValueError(
             f"no {histogram}_bucket series with labels {where!r} and a {state_label!r} "
@@ -548,7 +651,7 @@ def statistics_from_prometheus(
         bounds = tuple(sorted(per))
         if bounds[-1] != math.inf:
             raise ValueError(f'{histogram} for state {state!r} has no le="+Inf" bucket')
-        cumulative = [round(per[b]) for b in bounds]
+        cumulative = [_whole(per[b], f"{histogram} for state {state!r}") for b in bounds]
         counts = [c - p for c, p in zip(cumulative, [0, *cumulative[:-1]], strict=True)]
         if any(c < 0 for c in counts):
             raise ValueError(f"{histogram} for state {state!r}: buckets are not cumulative")
@@ -556,14 +659,19 @@ def statistics_from_prometheus(
             deadline = deadlines.get(state)
         else:
             g = gauges.get(state)
-            deadline = g if g is not None and g > 0 else None
+            # 0 is the exporters' "none"; +Inf says the same
+            deadline = g if g is not None and 0 < g < math.inf else None
         known_fired = fired_counter is not None
         states[state] = StateStatistics(
             state=state,
             deadline=deadline,
             distribution=Distribution(bounds, tuple(counts), sums.get(state, math.nan), None),
-            fired=round(fired.get(state, 0)) if known_fired else None,
-            fired_then={"completed": round(done.get(state, 0))} if completed_counter else {},
+            fired=_whole(fired.get(state, 0.0), str(fired_counter)) if known_fired else None,
+            fired_then=(
+                {"completed": _whole(done.get(state, 0.0), str(completed_counter))}
+                if completed_counter
+                else {}
+            ),
             completed=("completed",) if completed_counter else (),
         )
     return Statistics(spec=spec, mode=None, states=states)

@@ -9,7 +9,9 @@ message names the file (or ``<dict>``, or ``environment``), the key and the bad 
 
 from __future__ import annotations
 
+import datetime
 import enum
+import itertools
 import json
 import math
 import os
@@ -24,7 +26,15 @@ from ._details import Mode
 from ._errors import ConfigError
 from ._options import WatchdogOptions
 from ._spec import Deadline, Spec, State, state_label
-from ._validate import DEFAULT_MEMORY, TOO_LARGE, did_you_mean, seconds_or_problem
+from ._validate import (
+    DEFAULT_MEMORY,
+    SHOW_LIMIT,
+    TOO_LARGE,
+    did_you_mean,
+    digits,
+    seconds_or_problem,
+    shorten,
+)
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -80,11 +90,30 @@ class WatchdogConfig:
 # --------------------------------------------------------------------------- messages
 
 
-def _show(value: object) -> str:
-    """*value* as it would be written in TOML (Python's repr for what TOML lacks)."""
+#: How deep, and how many items per level, a value is rendered in a message.
+_SHOW_DEPTH = 3
+_SHOW_ITEMS = 8
+#: an integer with more digits than this is shown by its first digits and its size; a
+#: longer string by its first characters and its length
+_SHOW_DIGITS = 40
+_SHOW_CHARS = 60
+
+
+def _show(value: object, *, spaced: bool = False) -> str:
+    """*value* as it would be written in TOML (Python's repr for what TOML lacks), for a
+    message: bounded whatever the value (nested thousands deep, 5,000 digits, a long
+    string): a few levels and items, a few lines' worth of characters at most.
+    *spaced* writes inline tables as ``{ k = v }`` (stallguard-sglang's messages)."""
+    return shorten(_render(value, _SHOW_DEPTH, spaced), 2 * SHOW_LIMIT)
+
+
+def _render(value: object, depth: int, spaced: bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
+        if len(value) > _SHOW_CHARS:
+            head = json.dumps(value[:_SHOW_CHARS], ensure_ascii=False)[:-1]
+            return f'{head}..." ({len(value)} characters)'
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, float):
         if math.isnan(value):
@@ -93,17 +122,58 @@ def _show(value: object) -> str:
             return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, int):
-        return repr(value)
+        count = digits(value)
+        if count <= _SHOW_DIGITS:
+            return repr(value)
+        head = value // 10 ** (count - 20) if value > 0 else -(-value // 10 ** (count - 20))
+        return f"{head}... ({count} digits)"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
+        if depth <= 0:
+            return "[...]" if value else "[]"
+        items = [_render(v, depth - 1, spaced) for v in value[:_SHOW_ITEMS]]
+        if len(value) > _SHOW_ITEMS:
+            items.append(f"... ({len(value)} items)")
+        return "[" + ", ".join(items) + "]"
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{_key(k)} = {_show(v)}" for k, v in value.items()) + "}"
-    return repr(value)
+        if not value:
+            return "{}"
+        if depth <= 0:
+            return "{...}"
+        pairs = []
+        for n, (k, v) in enumerate(value.items()):
+            if n == _SHOW_ITEMS:
+                pairs.append(f"... ({len(value)} keys)")
+                break
+            pairs.append(f"{_key(k)} = {_render(v, depth - 1, spaced)}")
+        inner = ", ".join(pairs)
+        return "{ " + inner + " }" if spaced else "{" + inner + "}"
+    if isinstance(value, (datetime.date, datetime.time)):  # TOML dates and times
+        return value.isoformat()
+    try:
+        return shorten(repr(value))
+    except Exception:  # a repr that fails, or recurses too deeply
+        return f"<{type(value).__name__} object>"
 
 
 def _key(key: object) -> str:
-    text = str(key)
-    return text if re.fullmatch(r"[A-Za-z0-9_-]+", text) else json.dumps(text)
+    if isinstance(key, int) and not isinstance(key, bool):
+        text = _render(key, 0, False)
+    else:
+        try:
+            text = str(key)
+        except Exception:  # a str() that fails, or recurses too deeply
+            text = f"<{type(key).__name__} object>"
+    if re.fullmatch(r"[A-Za-z0-9_-]+", text) and len(text) <= SHOW_LIMIT:
+        return text
+    return _render(text, 0, False)  # quoted, and shortened
+
+
+def _keys(table: Mapping[Any, Any]) -> str:
+    """The keys of *table*, comma-separated (the first few of a large table)."""
+    names = [_key(k) for k in itertools.islice(table, _SHOW_ITEMS)]
+    if len(table) > _SHOW_ITEMS:
+        names.append(f"... ({len(table)} keys)")
+    return ", ".join(names)
 
 
 def _error(source: str, table: str, key: object, value: object, problem: str) -> ConfigError:
@@ -499,33 +569,55 @@ def _env_number(value: str) -> _Raw:
 
 
 def _read(source: str | os.PathLike[str]) -> tuple[str, Mapping[str, Any]]:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on 3.10 only
-        import tomli as tomllib
-
     path = os.fspath(source)
     label = os.fsdecode(path)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise ConfigError(f"{label}: cannot read the config file: {exc.strerror}") from None
+        raise ConfigError(f"{label}: cannot read the config file: {exc.strerror or exc}") from None
     except ValueError as exc:  # an embedded NUL in the path
         raise ConfigError(f"{label!r}: not a usable file path: {exc}") from None
+    return label, _parse_toml(data, label)
+
+
+def _parse_toml(data: bytes, label: str) -> dict[str, Any]:
+    """The bytes of a TOML file, parsed; every failure (encoding, syntax, nesting depth,
+    integer size, anything the parser raises) a :class:`ConfigError` naming *label* (the
+    file). The core's loader and the adapters' (``stallguard._adapters``) both use it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{label}: not UTF-8 text (TOML files must be UTF-8): byte "
-            f"{data[exc.start]:#04x} at offset {exc.start} cannot be decoded"
+            f"{data[exc.start]:#04x} at offset {exc.start} cannot be decoded; save it as UTF-8"
         ) from None
     try:
-        return label, tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: not valid TOML: {exc}") from None
     except RecursionError:  # arrays or inline tables nested thousands deep
-        raise ConfigError(f"{label}: not valid TOML: values nested too deeply") from None
+        raise ConfigError(
+            f"{label}: not valid TOML: values nested too deeply (arrays or inline tables "
+            "thousands deep); a config needs a few levels"
+        ) from None
+    except ValueError as exc:  # int() refusing more than sys.get_int_max_str_digits()
+        if "digits" not in str(exc):
+            raise ConfigError(f"{label}: not valid TOML: {exc}") from None
+        limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+        raise ConfigError(
+            f"{label}: not valid TOML: an integer of more than {limit} digits (TOML "
+            'integers are 64-bit); write a number of seconds, or "none" for no deadline'
+        ) from None
+    except Exception as exc:  # anything else the parser raises: still this file's problem
+        raise ConfigError(
+            f"{label}: cannot parse it as TOML: {type(exc).__name__}: {shorten(str(exc))}"
+        ) from None
 
 
 def load_config(
@@ -591,7 +683,7 @@ def load_config(
         env = os.environ
     specs = document.get("spec")
     if not isinstance(specs, Mapping) or not specs:
-        found = ", ".join(map(_key, document)) or "nothing"
+        found = _keys(document) or "nothing"
         raise ConfigError(
             f"{label}: no [spec.<name>] table (found: {found}); declare each spec as "
             "[spec.<name>] with a [spec.<name>.deadlines] table"
@@ -604,14 +696,11 @@ def load_config(
     if name is None:
         if len(specs) > 1:
             raise ConfigError(
-                f"{label}: holds several specs ({', '.join(map(_key, specs))}); "
-                "pass name=... to choose one"
+                f"{label}: holds several specs ({_keys(specs)}); pass name=... to choose one"
             )
         name = next(iter(specs))
     elif name not in specs:
-        raise ConfigError(
-            f"{label}: has no [spec.{_key(name)}] table; its specs: {', '.join(map(_key, specs))}"
-        )
+        raise ConfigError(f"{label}: has no [spec.{_key(name)}] table; its specs: {_keys(specs)}")
     config = parse_config_table(specs[name], name=name, source=label, states=states)
     if env is not None:
         config = _apply_env(config, env, env_prefix, tuple(specs))

@@ -158,7 +158,8 @@ class Distribution:
     """A histogram of seconds: how many values fell in each bucket.
 
     Attributes:
-        bounds: bucket upper bounds in seconds, increasing; the last is ``inf``. A
+        bounds: bucket upper bounds in seconds, strictly increasing, finite but the
+            last, which is ``inf`` (``nan`` is refused: it bounds nothing). A
             bucket holds the values ``bounds[i-1] < v <= bounds[i]``.
         counts: values per bucket (not cumulative), one per bound.
         total: the sum of the values (``nan`` when unknown).
@@ -179,6 +180,13 @@ class Distribution:
         if self.bounds is not BOUNDS:  # (the standard layout is known to be valid)
             if self.bounds[-1] != math.inf:
                 raise ValueError(f"Distribution bounds must end with inf, got {self.bounds[-1]!r}")
+            for i, b in enumerate(self.bounds[:-1]):
+                finite = isinstance(b, int) or (isinstance(b, float) and math.isfinite(b))
+                if isinstance(b, bool) or not finite:
+                    raise ValueError(
+                        f"Distribution bounds must be finite numbers before the last (inf), "
+                        f"got {b!r} at index {i}"
+                    )
             if any(b <= a for a, b in pairwise(self.bounds)):
                 raise ValueError("Distribution bounds must be strictly increasing")
         if min(self.counts) < 0:

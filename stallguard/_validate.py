@@ -14,7 +14,17 @@ from collections.abc import Iterable
 
 from ._errors import ConfigError
 
-__all__ = ["MODES", "UNKNOWN_STATE", "DEFAULT_MEMORY", "check_seconds", "choice", "did_you_mean"]
+__all__ = [
+    "MODES",
+    "UNKNOWN_STATE",
+    "DEFAULT_MEMORY",
+    "SHOW_LIMIT",
+    "check_seconds",
+    "choice",
+    "did_you_mean",
+    "digits",
+    "shorten",
+]
 
 #: The watchdog modes, in the order docs list them.
 MODES = ("enforce", "report")
@@ -26,7 +36,10 @@ DEFAULT_MEMORY = 65_536
 
 def did_you_mean(value: object, allowed: Iterable[str]) -> str:
     """``" (did you mean 'x'?)"`` for the closest of *allowed* to *value*, or ``""``.
-    The one hint every config error uses (the core's and the adapters')."""
+    The one hint every config error uses (the core's and the adapters'); only a string
+    gets one (``str()`` of a 5,000-digit integer would raise)."""
+    if not isinstance(value, str):
+        return ""
     close = difflib.get_close_matches(str(value), list(allowed), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -94,9 +107,37 @@ def choice(where: str, value: object, allowed: tuple[str, ...]) -> str:
     )
 
 
+#: The longest rendering of a value in an error message (longer ones are shortened).
+SHOW_LIMIT = 80
+
+
+def digits(value: int) -> int:
+    """How many decimal digits ``abs(value)`` has, for an integer of any size (``str()``
+    refuses integers of more than 4,300 digits)."""
+    n = abs(value)
+    if n < 10**18:
+        return len(str(n))
+    count = int(math.log10(n)) + 1  # log10 accepts an int of any size; fix rounding below
+    if 10 ** (count - 1) > n:
+        count -= 1
+    elif 10**count <= n:
+        count += 1
+    return count
+
+
+def shorten(text: str, limit: int = SHOW_LIMIT) -> str:
+    """*text*, cut to *limit* characters with ``...`` and its length when longer."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: max(limit - 3, 1)]}... ({len(text)} characters)"
+
+
 def _show(value: object) -> str:
     """repr(value), shortened (a 400-digit integer is shown by its size)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
-        return f"an integer of {len(str(abs(value)))} digits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+        return f"an integer of {digits(value)} digits"
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails (or recurses too deeply)
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= SHOW_LIMIT else text[: SHOW_LIMIT - 3] + "..."

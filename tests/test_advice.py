@@ -247,3 +247,112 @@ def test_read_prometheus_labels_escapes_and_errors():
         read_prometheus("a abc\n")
     with pytest.raises(ValueError, match="no h_bucket series"):
         sg.statistics_from_prometheus("a 1\n", histogram="h")
+
+
+# --------------------------------------------------------------------------- issue 20
+
+BUCKETS = 'h_bucket{state="A",le="1"} 1\nh_bucket{state="A",le="+Inf"} 2\n'
+
+
+def test_a_plus_inf_bucket_bound_is_normal_and_nonfinite_values_are_read():
+    # +Inf, -Inf and NaN are valid exposition values: where they can mean something,
+    # they are taken as such
+    text = BUCKETS + 'h_sum{state="A"} +Inf\ng{state="A"} +Inf\ng{state="A"} NaN\n'
+    stats = sg.statistics_from_prometheus(text, histogram="h", deadline_gauge="g")
+    a = stats.states["A"]
+    assert a.distribution.bounds == (1.0, math.inf) and a.distribution.counts == (1, 1)
+    assert a.deadline is None  # a +Inf deadline gauge: no deadline
+    nan_gauge = BUCKETS + 'g{state="A"} NaN\ng{state="A"} 30\n'
+    assert (
+        sg.statistics_from_prometheus(nan_gauge, histogram="h", deadline_gauge="g")
+        .states["A"]
+        .deadline
+        == 30.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        # was: OverflowError (round(inf))
+        ('h_bucket{state="A",le="5"} +Inf\n', 'line 3: h_bucket{state="A",le="5"} +Inf: a count'),
+        # was: ValueError from round(nan), naming nothing
+        ('h_bucket{state="A",le="5"} NaN\n', 'line 3: h_bucket{state="A",le="5"} NaN: a count'),
+        ('h_bucket{state="A",le="5"} -1\n', 'line 3: h_bucket{state="A",le="5"} -1.0: a count'),
+        ('f_total{state="A"} NaN\n', 'line 3: f_total{state="A"} NaN: a count must be a finite'),
+        ('f_total{state="A"} -Inf\n', 'line 3: f_total{state="A"} -Inf: a count'),
+        ('c_total{state="A"} +Inf\n', 'line 3: c_total{state="A"} +Inf: a count'),
+        # was: accepted, a NaN bucket bound
+        ('h_bucket{state="A",le="NaN"} 1\n', 'line 3: h_bucket{state="A",le="NaN"}: le=\'NaN\''),
+        ('h_bucket{state="A",le="-Inf"} 0\n', "le='-Inf' is not a bucket bound"),
+        # was: "could not convert string to float: 'soon'", no line
+        ('h_bucket{state="A",le="soon"} 1\n', 'line 3: h_bucket{state="A",le="soon"}: le=\'soon\''),
+    ],
+)
+def test_meaningless_values_are_refused_naming_line_series_and_value(extra, message):
+    with pytest.raises(ValueError) as caught:
+        sg.statistics_from_prometheus(
+            BUCKETS + extra, histogram="h", fired_counter="f", completed_counter="c"
+        )
+    assert message in str(caught.value)
+
+
+def test_counts_that_sum_beyond_a_float_are_refused():
+    text = 'h_bucket{state="A",le="+Inf",r="0"} 1e308\nh_bucket{state="A",le="+Inf",r="1"} 1e308\n'
+    with pytest.raises(ValueError, match="summed over the series are too large"):
+        sg.statistics_from_prometheus(text, histogram="h")
+
+
+def reported(fired: int, then: dict[str, int]) -> sg.Statistics:
+    dist = sg.Distribution((1.0, math.inf), (5, 0), 5.0, None)
+    state = sg.StateStatistics(
+        state="Wait",
+        deadline=1.0,
+        distribution=dist,
+        fired=fired,
+        fired_then=then,
+        completed=("Success",),
+    )
+    return sg.Statistics(spec="s", mode="report", states={"Wait": state})
+
+
+def test_completed_as_a_string_is_one_state():
+    # was: iterated as characters ("S", "u", ...): would-be false positives read 0
+    stats = reported(3, {"Success": 2, "Failed": 1})
+    assert sg.advise(stats, completed="Success").states["Wait"].fired_completed == 2
+    assert sg.advise(stats, completed=["Success"]).states["Wait"].fired_completed == 2
+    assert sg.advise(stats, completed="Failed").states["Wait"].fired_completed == 1
+
+
+@pytest.mark.parametrize("completed", [5, [5], ("Success", None)])
+def test_completed_that_is_not_labels_is_a_type_error_naming_it(completed):
+    with pytest.raises(TypeError, match="^completed must"):
+        sg.advise(reported(1, {"Success": 1}), completed=completed)
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [(1.0, math.nan, math.inf), (math.nan, math.inf), (-math.inf, 1.0, math.inf), ("1", math.inf)],
+)
+def test_distribution_bounds_must_be_finite_numbers_but_the_last(bounds):
+    # was: (1, nan, inf) accepted (every comparison with nan is false)
+    with pytest.raises(ValueError, match="Distribution bounds must be finite numbers"):
+        sg.Distribution(bounds, (0,) * len(bounds))
+    assert sg.Distribution((1, 10**400, math.inf), (0, 0, 0)).count == 0  # ints are finite
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"margin": 10**400}, "margin must be finite, got an integer of 401 digits"),
+        ({"false_timeout_rate": 10**400}, "false_timeout_rate must be in (0, 0.5]"),
+        ({"floor": -(10**5000)}, "floor must be in [0, "),
+        ({"min_samples": -(10**5000)}, "min_samples must be a positive int, got an integer"),
+    ],
+    ids=["margin", "rate", "floor", "min_samples"],
+)
+def test_parameters_beyond_a_float_are_value_errors_naming_them(kwargs, message):
+    # was: OverflowError from math.isnan(), ValueError from repr()
+    with pytest.raises(ValueError) as caught:
+        sg.advise(reported(0, {}), **kwargs)
+    assert str(caught.value).startswith(message)

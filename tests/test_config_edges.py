@@ -52,7 +52,10 @@ def test_an_environment_number_beyond_a_float_names_variable_and_value(setting: 
     with pytest.raises(sg.ConfigError) as caught:
         sg.load_config(doc, env={var: HUGE})
     message = str(caught.value)
-    assert message.startswith(f'environment: {var} = "{HUGE}": must be a positive')
+    # the value is shown as written, shortened (never all its digits)
+    shown = f'"{HUGE[:60]}..." (400 characters)'
+    assert message.startswith(f"environment: {var} = {shown}: must be a positive"), message
+    assert "too large" in message
 
 
 def test_a_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
@@ -61,7 +64,7 @@ def test_a_file_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
         sg.load_config(path, env={})
     assert str(caught.value) == (
         f"{path}: not UTF-8 text (TOML files must be UTF-8): byte 0xe9 at offset 30 "
-        "cannot be decoded"
+        "cannot be decoded; save it as UTF-8"
     )
 
 
@@ -180,3 +183,79 @@ def test_an_environment_value_that_is_not_a_string() -> None:
     assert str(caught.value) == (
         "environment: STALLGUARD_S_MODE = 1: an environment value must be a string"
     )
+
+
+# --------------------------------------------------------------------------- issue 20
+
+DIGITS_5000 = "9" * 5000  # more digits than int() reads (sys.get_int_max_str_digits())
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_toml_integer_of_5000_digits_names_the_file(tmp_path: Path) -> None:
+    # was: a raw ValueError from int(), without the path
+    path = write(tmp_path, f"[spec.s.deadlines]\nA = {DIGITS_5000}\n")
+    with pytest.raises(sg.ConfigError) as caught:
+        sg.load_config(path, env={})
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not valid TOML: an integer of more than ")
+    assert "999999" not in message and len(message) < 300
+
+
+@pytest.mark.parametrize("key", ["deadlines", "terminal", "mode", "lifetime"])
+def test_a_dict_value_nested_5000_deep_is_a_config_error(key: str) -> None:
+    # was: RecursionError while formatting the message
+    table: dict = {"deadlines": {"A": 1}}
+    if key == "deadlines":
+        table["deadlines"] = {"A": nested(5000)}
+    else:
+        table[key] = nested(5000)
+    with pytest.raises(sg.ConfigError) as caught:
+        sg.load_config({"spec": {"s": table}}, env={})
+    message = str(caught.value)
+    assert message.startswith("<dict>: [spec.s") and "[[[[...]]]]" in message
+    assert len(message) < 300
+
+
+@pytest.mark.parametrize("value", [10**5000, -(10**5000), 10**400], ids=["5001", "-5001", "401"])
+def test_a_dict_integer_beyond_int_to_text_is_shown_by_its_size(value: int) -> None:
+    # was: ValueError from repr() of an int of more than 4,300 digits
+    with pytest.raises(sg.ConfigError) as caught:
+        sg.load_config({"spec": {"s": {"deadlines": {"A": value}}}}, env={})
+    message = str(caught.value)
+    digits = 5001 if abs(value) > 10**4000 else 401
+    assert message.startswith("<dict>: [spec.s.deadlines] A = ")
+    assert f"... ({digits} digits): must be a positive, finite number" in message
+    assert message.endswith("(too large)") and len(message) < 200
+
+
+def test_a_deadline_beyond_int_to_text_is_a_config_error() -> None:
+    with pytest.raises(sg.ConfigError, match="an integer of 5001 digits, which is too large"):
+        sg.Deadline(10**5000)
+
+
+@pytest.mark.parametrize("setting", ["DEADLINE_A", "MEMORY", "MODE", "LIFETIME"])
+def test_an_environment_value_of_5000_characters_is_shortened(setting: str) -> None:
+    doc = {"spec": {"s": {"deadlines": {"A": 10}}}}
+    var = f"STALLGUARD_S_{setting}"
+    with pytest.raises(sg.ConfigError) as caught:
+        sg.load_config(doc, env={var: DIGITS_5000})
+    message = str(caught.value)
+    assert message.startswith(f'environment: {var} = "999'), message
+    assert "(5000 characters)" in message and len(message) < 400
+
+
+def test_huge_and_deep_values_in_messages_stay_short() -> None:
+    table = {"deadlines": {"A": 1}, "mode": {"k" * 5000: list(range(10**4))}}
+    with pytest.raises(sg.ConfigError) as caught:
+        sg.load_config({"spec": {"s": table}}, env={})
+    assert len(str(caught.value)) < 300
+    many = {f"x{i}": 1 for i in range(10**4)}
+    with pytest.raises(sg.ConfigError) as caught:
+        sg.load_config(many, env={})
+    assert "(10000 keys)" in str(caught.value) and len(str(caught.value)) < 300

@@ -156,7 +156,9 @@ def test_an_unrelated_interpreter_still_runs_with_a_bad_activation_value(activat
 # --------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(value=st.text(max_size=12))
 def test_the_pth_entry_point_never_raises(monkeypatch, capsys, no_env, value):
     """Whatever STALLGUARD_SGLANG_ACTIVATION holds, from_pth() returns: armed (pth),
@@ -179,7 +181,9 @@ def test_the_pth_entry_point_never_raises(monkeypatch, capsys, no_env, value):
         assert err.count("\n") == 1 and err.startswith("stallguard-sglang: warning: ")
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(version=st.text(max_size=12))
 def test_the_cli_answers_any_version_with_a_documented_status(tmp_path_factory, capsys, version):
     path = tmp_path_factory.mktemp("cli") / "sg.toml"

@@ -150,9 +150,33 @@ def forced_samples(text):
     return out
 
 
-def test_bad_config_stops_the_scheduler_process(tmp_path):
+BAD_CONFIGS = {
+    "bad value": (
+        b"[prefill.deadlines]\nTransferring = -5\n",
+        "[prefill.deadlines] Transferring = -5: must be a positive, finite number of "
+        'seconds, or "none" for no deadline',
+    ),
+    # issue 20: these raised UnicodeDecodeError / OverflowError, which load_plugins()
+    # swallowed: the scheduler went on unguarded
+    "Latin-1": (
+        b"[prefill.deadlines]\nTransferring = 20 # 20 \xb5s\n",
+        "not UTF-8 text (TOML files must be UTF-8): byte 0xb5 at offset 43 cannot be "
+        "decoded; save it as UTF-8",
+    ),
+    "400 digits": (
+        b"[bootstrap_queue]\ndeadline = " + b"9" * 400 + b"\n",
+        "[bootstrap_queue] deadline = 99999999999999999999... (400 digits): must be a "
+        "positive, finite number of seconds (this one is too large for a float); use "
+        'mode = "off" for no deadline',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_stops_the_scheduler_process(tmp_path, case):
+    data, problem = BAD_CONFIGS[case]
     bad = tmp_path / "bad.toml"
-    bad.write_text("[prefill.deadlines]\nTransferring = -5\n")
+    bad.write_bytes(data)
     code = (
         "from sglang.srt.managers.scheduler import run_scheduler_process\n"
         # load_plugins() is its first statement: these arguments are never looked at
@@ -170,9 +194,7 @@ def test_bad_config_stops_the_scheduler_process(tmp_path):
     assert "SCHEDULER WENT ON" not in proc.stdout
     last = proc.stderr.strip().splitlines()[-1]
     assert last == (
-        f"stallguard-sglang: invalid configuration, refusing to start: {bad}: "
-        "[prefill.deadlines] Transferring = -5: must be a positive, finite number of "
-        'seconds, or "none" for no deadline'
+        f"stallguard-sglang: invalid configuration, refusing to start: {bad}: {problem}"
     ), proc.stderr[-3000:]
     assert "Failed to execute general plugin" not in proc.stderr  # not swallowed
 

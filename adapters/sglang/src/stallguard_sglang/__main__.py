@@ -27,12 +27,14 @@ from ._profiles import decode_support_table, format_support_table, support_table
 from .package import SUPPORTED_SGLANG, is_supported, parse_version, sglang_version
 
 __all__ = [
+    "OneLineParser",
     "EXIT_DISABLED",
     "EXIT_OK",
     "EXIT_SGLANG_MISSING",
     "EXIT_UNSUPPORTED",
     "EXIT_USAGE",
     "main",
+    "one_line",
 ]
 
 EXIT_OK = 0
@@ -67,10 +69,18 @@ def _versions() -> str:
     )
 
 
-class _Parser(argparse.ArgumentParser):
+def one_line(text: str) -> str:
+    """*text* on one line (an exception's message may hold line breaks)."""
+    return " ".join(text.splitlines())
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (no usage dump), exit
+    status 2."""
+
     def error(self, message: str) -> NoReturn:
         """One line on stderr (no usage dump), exit status 2."""
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
 
 
 class _VersionAction(argparse.Action):
@@ -89,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         from ._advise import main as advise
 
         return advise(args_in[1:])
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m stallguard_sglang",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         epilog="exit status: 0 valid and supported, 1 disabled, 2 bad configuration or "
@@ -115,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config({ENV_CONFIG: args.config} if args.config is not None else None)
-    except ConfigError as e:
-        print(f"stallguard-sglang: invalid configuration: {e}", file=sys.stderr)
+    except ConfigError as e:  # (load_config turns every failure into one)
+        print(f"stallguard-sglang: invalid configuration: {one_line(str(e))}", file=sys.stderr)
         return EXIT_USAGE
     if config is None:
         print(f"stallguard-sglang is disabled: set {ENV_CONFIG}=<file.toml> or {ENV_ENABLE}=1")

@@ -10,7 +10,7 @@ for ``STALLGUARD_SGLANG_CONFIG`` (docs/advice.md). Exit status 2 on bad input.
 
 from __future__ import annotations
 
-import argparse
+import http.client
 import os
 import sys
 import urllib.request
@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import stallguard
 from stallguard import Advice, ConfigError, Statistics
+from stallguard._adapters import describe_exception
 
 from . import _metrics, _stats_export
 
@@ -29,21 +30,45 @@ _PREFILL_STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
 def read_source(
     *, url: str | None = None, file: str | None = None, multiproc_dir: str | None = None
 ) -> str:
-    """A Prometheus text exposition from one source."""
+    """A Prometheus text exposition from one source.
+
+    Raises:
+        ValueError: naming the source, for anything that goes wrong reading it (the
+            advise command prints it on one line and exits with status 2).
+    """
     if url is not None:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode("utf-8"))
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return str(response.read().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--url {url!r}: the response is not UTF-8 text ({e})") from None
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            raise ValueError(f"--url {url!r}: cannot scrape it: {describe_exception(e)}") from None
     if file is not None:
-        with open(file, encoding="utf-8") as f:
-            return f.read()
+        try:
+            with open(file, encoding="utf-8") as f:
+                return f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"--file {file!r}: not UTF-8 text: byte {e.object[e.start]:#04x} at offset "
+                f"{e.start} cannot be decoded (a Prometheus exposition is UTF-8)"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--file {file!r}: cannot read it: {describe_exception(e)}") from None
     if multiproc_dir is not None:
         from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
         if not os.path.isdir(multiproc_dir):
             raise ValueError(f"--multiproc-dir {multiproc_dir!r} is not a directory")
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
-        return generate_latest(registry).decode("utf-8")
+        try:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
+            return generate_latest(registry).decode("utf-8")
+        except Exception as e:  # a corrupt or foreign .db file, unreadable files...
+            raise ValueError(
+                f"--multiproc-dir {multiproc_dir!r}: cannot read the metrics in it: "
+                f"{describe_exception(e)}"
+            ) from None
     raise ValueError("give one of --url, --file or --multiproc-dir")
 
 
@@ -143,7 +168,12 @@ def _summary(a: Advice) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """The advise command; returns the exit status: 0, or 2 for bad input (bad
+    arguments, a source that cannot be read, metrics that cannot be used), with a
+    one-line message on stderr."""
+    from .__main__ import OneLineParser, one_line
+
+    parser = OneLineParser(
         prog="python -m stallguard_sglang advise",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
@@ -177,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
             floor=args.floor,
             min_samples=args.min_samples,
         )
-    except (OSError, ValueError, ConfigError) as e:
-        print(f"stallguard-sglang advise: {e}", file=sys.stderr)
+    except (OSError, ValueError, TypeError, ConfigError) as e:
+        print(f"stallguard-sglang advise: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    except Exception as e:  # not a documented error: still one line, status 2
+        print(f"stallguard-sglang advise: cannot advise: {describe_exception(e)}", file=sys.stderr)
         return 2
     if not advice:
         print(

@@ -6,24 +6,18 @@ dotted key and the bad value, and says what would be accepted.
 
 from __future__ import annotations
 
-import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 from stallguard import ConfigError, Deadline, parse_deadlines
-from stallguard._adapters import env_enabled, read_toml
-from stallguard._validate import did_you_mean
+from stallguard._adapters import env_enabled, read_config
+from stallguard._config import _key, _show
+from stallguard._validate import TOO_LARGE, did_you_mean, seconds_or_problem
 
 from ._kvpoll import LIVE_STATES, TERMINAL_STATES
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - Python 3.10
-    pass
 
 __all__ = [
     "BACKENDS",
@@ -163,7 +157,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
     if path is None:
         return None
     if path:
-        return parse_config(read_toml(path, var=ENV_CONFIG), source=path)
+        # any failure to read or interpret the file is a ConfigError naming it
+        return read_config(path, var=ENV_CONFIG, parse=lambda data: parse_config(data, source=path))
     return Config(source=f"{ENV_ENABLE}={env[ENV_ENABLE]}")
 
 
@@ -189,26 +184,16 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Config
 
 
 def _fmt(value: Any) -> str:
-    """A TOML-looking rendering of *value* for messages."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, Mapping):
-        inner = ", ".join(f"{k} = {_fmt(v)}" for k, v in value.items())
-        return "{ " + inner + " }" if inner else "{}"
-    if isinstance(value, list):
-        return "[" + ", ".join(_fmt(v) for v in value) + "]"
-    return str(value)
+    """A TOML-looking rendering of *value* for messages (bounded: a value nested
+    thousands deep or an integer of 5,000 digits is shown by its start and its size)."""
+    return _show(value, spaced=True)
 
 
 def _error(source: str, table: str, key: str, value: Any, problem: str) -> ConfigError:
     """The same message shape as stallguard's own config loader:
     ``file.toml: [table] key = value: problem``."""
     where = f"[{table}] " if table else ""
-    return ConfigError(f"{source}: {where}{key} = {_fmt(value)}: {problem}")
+    return ConfigError(f"{source}: {where}{_key(key)} = {_fmt(value)}: {problem}")
 
 
 def _only(table: Mapping[str, Any], allowed: tuple[str, ...], where: str, source: str) -> None:
@@ -296,20 +281,18 @@ def _bootstrap(table: Mapping[str, Any], source: str) -> BootstrapQueueConfig:
     deadline = None
     if "deadline" in table:
         value = table["deadline"]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
+        if isinstance(seconds, str):
+            too_large = " (this one is too large for a float)" if seconds == TOO_LARGE else ""
             raise _error(
                 source,
                 "bootstrap_queue",
                 "deadline",
                 value,
-                'must be a positive, finite number of seconds; use mode = "off" for no deadline',
+                f"must be a positive, finite number of seconds{too_large}; use "
+                'mode = "off" for no deadline',
             )
-        deadline = float(value)
+        deadline = seconds
     return BootstrapQueueConfig(mode=mode, deadline=deadline)
 
 

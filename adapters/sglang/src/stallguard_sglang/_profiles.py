@@ -7,6 +7,7 @@ every claim about SGLang below is about its code, cited in docs/sglang.md.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -102,11 +103,15 @@ def sglang_settings(environ: Mapping[str, str] | None = None) -> dict[str, float
 
 
 def _positive(seconds: float) -> Deadline:
-    return Deadline(seconds=seconds) if seconds > 0 else Deadline()
+    """SGLang's setting as a default deadline: none for 0 (off), and for a value beyond
+    a float (a 400-digit integer SGLang reads as "never"), which ``Deadline`` refuses."""
+    return Deadline(seconds=seconds) if 0 < seconds < math.inf else Deadline()
 
 
 def _add(a: Deadline, b: Deadline) -> Deadline:
     seconds = None if a.seconds is None or b.seconds is None else a.seconds + b.seconds
+    if seconds is not None and not math.isfinite(seconds):  # two settings near 1e308
+        seconds = None
     return Deadline(seconds=seconds, stall=a.stall)
 
 

@@ -9,15 +9,18 @@ the defaults.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from stallguard import ConfigError
+from stallguard._adapters import describe_exception
+from stallguard._validate import shorten
 
-from ._config import ENV_CONFIG, Config, load_config
+from ._config import ENV_CONFIG, ENV_ENABLE, Config, load_config
 from .package import SUPPORTED_SGLANG, is_supported, sglang_version
 
-__all__ = ["install", "register"]
+__all__ = ["activate", "install", "load_config_or_exit", "register"]
 
 log = logging.getLogger("stallguard.sglang")
 
@@ -30,15 +33,37 @@ def load_config_or_exit() -> Config | None:
     """The configuration the environment asks for (None: the adapter is disabled).
 
     Raises:
-        SystemExit: for a bad file, with a message naming the file, the key and the
-            value; an ``Exception`` would be swallowed by ``load_plugins()``.
+        SystemExit: for a bad configuration (a file that cannot be read or interpreted,
+            a bad value, a bad ``STALLGUARD_SGLANG*`` variable), with a message naming
+            the file, the key and the value; for any other exception while loading it
+            too, naming the file. An ``Exception`` would be swallowed by
+            ``load_plugins()`` and the server would start unguarded.
     """
     try:
         return load_config()
     except ConfigError as e:
-        message = f"stallguard-sglang: invalid configuration, refusing to start: {e}"
-        log.error("%s", message)
-        raise SystemExit(message) from None
+        _refuse(f"invalid configuration, refusing to start: {e}")
+    except Exception as e:  # not a documented error: still, never start unguarded
+        _refuse(
+            f"cannot load the configuration ({_named_source()}), refusing to start: "
+            f"{describe_exception(e)}"
+        )
+
+
+def _named_source() -> str:
+    """What the environment names as the configuration, for a message."""
+    path = os.environ.get(ENV_CONFIG, "").strip()
+    if path:
+        return f"{ENV_CONFIG}={path!r}"
+    return f"{ENV_ENABLE}={shorten(repr(os.environ.get(ENV_ENABLE)))}"
+
+
+def _refuse(problem: str) -> NoReturn:
+    """Log *problem* and stop the process (a ``SystemExit``, which ``load_plugins()``
+    does not catch)."""
+    message = f"stallguard-sglang: {problem}"
+    log.error("%s", message)
+    raise SystemExit(message) from None
 
 
 def register() -> None:
@@ -48,15 +73,39 @@ def register() -> None:
     A bad configuration stops the process: ``load_plugins()`` catches and logs every
     ``Exception`` a plugin raises and carries on without it, which would leave the server
     running unguarded, so the error is raised as ``SystemExit`` with a message naming the
-    file, the key and the value.
+    file, the key and the value. So is any failure to install the hooks for a
+    configuration that loaded: a server that was given a configuration either runs with
+    it or does not start.
     """
     if _installed is not None:
         return
+    activate(via="plugins")
+
+
+def activate(*, via: str) -> Config | None:
+    """Load the configuration the environment asks for and :func:`install` it (the
+    plugin entry point and the ``.pth`` fallback's import hook both come here).
+
+    Returns:
+        The configuration installed, or None if the adapter is disabled.
+
+    Raises:
+        SystemExit: for a bad configuration (:func:`load_config_or_exit`), or if
+            installing the hooks for one that loaded fails, naming the configuration:
+            never a server that was given a configuration and runs without it.
+    """
     config = load_config_or_exit()
     if config is None:
         log.debug("stallguard-sglang: disabled (set %s or STALLGUARD_SGLANG=1)", ENV_CONFIG)
-        return
-    install(config, via="plugins")
+        return None
+    try:
+        install(config, via=via)
+    except Exception as e:
+        _refuse(
+            f"cannot install the hooks for config {config.source}, refusing to start: "
+            f"{describe_exception(e)}"
+        )
+    return config
 
 
 def install(config: Config, *, via: str = "plugins") -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from stallguard import ConfigError
-from stallguard._adapters import TableReader, env_enabled, read_toml
+from stallguard._adapters import TableReader, describe_exception, env_enabled, read_config
 
 __all__ = [
     "DEFAULTS",
@@ -109,7 +109,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
         return None
     if path == "":
         return Config(source=f"{ENV_ENABLE}={env.get(ENV_ENABLE)}")
-    return parse_config(read_toml(path, var=ENV_CONFIG), source=path)
+    # any failure to read or interpret the file is a ConfigError naming it
+    return read_config(path, var=ENV_CONFIG, parse=lambda data: parse_config(data, source=path))
 
 
 def connector_config(environ: Mapping[str, str] | None = None) -> Config:
@@ -151,10 +152,20 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<dict>") -> Config:
 
 def config_or_raise(environ: Mapping[str, str] | None = None) -> Config:
     """:func:`connector_config`, with the error message prefixed by the adapter's name
-    (what a vLLM operator sees when the engine refuses to start)."""
+    (what a vLLM operator sees when the engine refuses to start).
+
+    Raises:
+        stallguard.ConfigError: for a bad configuration, and for any other exception while
+            loading it (never a raw traceback, never a connector without its config).
+    """
     try:
         return connector_config(environ)
     except ConfigError as e:
         raise ConfigError(
             f"stallguard-vllm: invalid configuration, refusing to start: {e}"
         ) from None
+    except Exception as e:  # not a documented error: still the one named error
+        raise ConfigError(
+            "stallguard-vllm: cannot load the configuration, refusing to start: "
+            f"{describe_exception(e)}"
+        ) from e

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 from stallguard import ConfigError
+from stallguard._adapters import describe_exception
 
 from ._config import ENV_CONFIG, load_config
 
@@ -40,7 +41,8 @@ def register() -> None:
 
     Raises:
         stallguard.ConfigError: for a bad configuration, naming the file (or variable),
-            the key and the value; vLLM lets it stop the engine.
+            the key and the value (and for any other exception while loading it); vLLM
+            lets it stop the engine.
     """
     try:
         config = load_config()
@@ -48,6 +50,13 @@ def register() -> None:
         message = f"stallguard-vllm: invalid configuration, refusing to start: {e}"
         log.error("%s", message)
         raise ConfigError(message) from None
+    except Exception as e:  # not a documented error: still the one named error
+        message = (
+            f"stallguard-vllm: cannot load the configuration, refusing to start: "
+            f"{describe_exception(e)}"
+        )
+        log.error("%s", message)
+        raise ConfigError(message) from e
     try:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     except ImportError:  # not a vLLM process after all
