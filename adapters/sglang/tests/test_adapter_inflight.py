@@ -218,6 +218,36 @@ def test_a_success_racing_the_check_is_withdrawn_not_reported():
     assert forced_count("nixl", "Transferring") == before
 
 
+def test_a_phase_change_racing_the_check_is_withdrawn_and_the_new_phase_guarded():
+    """The sender moves from WaitingForInput to Transferring after the guard applied what
+    the hooks captured and before its check(): the check finds it overdue in
+    WaitingForInput, the enforcement finds that phase over and withdraws the expiry (the
+    request is not failed, nothing is reported). Its new phase is guarded from that
+    iteration: failed once Transferring overstays, and not before."""
+    clock = RacingClock(T0)
+    with installed(CONFIG, clock=clock), record_expiries() as expiries:
+        sched = sgs.FakeScheduler()
+        req = request(sched, "nixl", "moving", WFI)
+        sched.prefill(req)
+        sched.step()
+        before = forced_count("nixl", "WaitingForInput")
+        clock.advance(DEADLINES["WaitingForInput"] + 1)
+        clock.race = lambda: sgs.set_status(req.disagg_kv_sender, TRANSFERRING)
+        sched.step()
+        assert clock.race is None  # it ran, inside that step
+        moved_at = clock()
+        assert "moving" in sched.inflight_rids()
+        assert expiries == []
+        assert forced_count("nixl", "WaitingForInput") == before
+        wd = guard_of(sched).lanes["nixl"].wd
+        assert [str(r.state) for r in wd.snapshot().requests] == ["Transferring"]
+        step_each_second_until(sched, clock, moved_at + DEADLINES["Transferring"], "moving")
+        clock.advance(moved_at + DEADLINES["Transferring"] - clock())
+        sched.step()
+    assert sched.conclusions["moving"].outcome == "transfer_failed"
+    assert [(e.state, e.elapsed) for e in expiries] == [("Transferring", DEADLINES["Transferring"])]
+
+
 def test_request_aborted_while_inflight_is_concluded_once():
     with guarded() as (clock, expiries):
         sched = sgs.FakeScheduler()

@@ -482,6 +482,22 @@ class QueueGuard(QueueMembership):
         # event): do not keep the finished request alive with it
         entry.req = entry.sender = None
 
+    def _rekey(self, entry: Entry) -> None:
+        """Track *entry*'s request under a new entry, in its current state from now
+        (the old key's expiry is being withdrawn, which concludes that key)."""
+        new = Entry(entry.lane, entry.req, entry.sender, entry.room, entry.mgr, entry.rooms)
+        entry.live = False  # events captured for the old entry are dropped
+        rooms = entry.rooms
+        if rooms is not None:
+            if rooms.get(entry.room) is entry:
+                rooms[entry.room] = new
+        elif getattr(entry.sender, FAKE, None) is entry:
+            setattr(entry.sender, FAKE, new)
+        key = id(entry.req)
+        if self.entries.get(key) is entry:
+            self.entries[key] = new
+        new.lane.enroll(new, new.lane.clock())
+
     # ------------------------------------------------------------------ enforcement
 
     def on_expire(self, expiry: Expiry[Any]) -> object:
@@ -498,6 +514,19 @@ class QueueGuard(QueueMembership):
                 entry.rid,
                 "cleared" if state is None else KVPOLL[state],
             )
+            return CONCLUDED
+        if KVPOLL[state] != expiry.state_label:
+            # a transfer thread moved it on between the check's decision and now: the
+            # phase it overstayed ended in time. Withdrawn; its new phase is tracked
+            # under a new key from now (at most one pass later than the change: never
+            # failed early)
+            log.info(
+                "stallguard-sglang: %s left %s (now %s) as its deadline fired; not failing it",
+                entry.rid,
+                expiry.state_label,
+                KVPOLL[state],
+            )
+            self._rekey(entry)
             return CONCLUDED
         reason = _reason(expiry, entry, self.kind)
         entry.forced = reason
