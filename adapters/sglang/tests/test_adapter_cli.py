@@ -197,3 +197,58 @@ def test_the_cli_answers_any_version_with_a_documented_status(tmp_path_factory, 
     assert "Traceback" not in captured.err
     if status == cli.EXIT_USAGE:
         assert captured.err.count("\n") == 1 and "--sglang-version" in captured.err
+
+
+def test_advise_is_a_listed_subcommand(capsys):
+    """``--help`` lists ``advise``; its own ``--help`` documents every option."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "advise" in out and "``" not in out
+    with pytest.raises(SystemExit):
+        cli.main(["advise", "--help"])
+    out = capsys.readouterr().out
+    for option in (
+        "--url",
+        "--file",
+        "--multiproc-dir",
+        "--baseline",
+        "--false-timeout-rate",
+        "--margin",
+        "--floor",
+        "--min-samples",
+        "--toml",
+    ):
+        assert option in out, option
+    # every option has help text
+    import argparse
+
+    from stallguard_sglang import _advise
+
+    parser = argparse.ArgumentParser()
+    _advise.add_arguments(parser)
+    assert all(a.help for a in parser._actions), [a.dest for a in parser._actions if not a.help]
+
+
+def test_advise_through_the_main_parser(tmp_path, capsys):
+    assert cli.main(["advise", "--file", str(tmp_path / "missing.txt")]) == 2
+    assert "--file" in capsys.readouterr().err
+
+
+def test_closed_pipe_is_quiet(tmp_path):
+    """``python -m stallguard_sglang | head -1``: no BrokenPipeError traceback."""
+    env = {**os.environ, "STALLGUARD_SGLANG": "1"}
+    env.pop("STALLGUARD_SGLANG_CONFIG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stallguard_sglang"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

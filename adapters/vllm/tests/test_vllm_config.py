@@ -119,6 +119,7 @@ def test_coverage_table_names_every_phase() -> None:
 
 
 def test_cli(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("stallguard_vllm.__main__.vllm_version", lambda: "0.33.0")
     monkeypatch.delenv("STALLGUARD_VLLM", raising=False)
     path = tmp_path / "sg.toml"
     path.write_text("[decode]\nReceiving = 33\n")
@@ -130,3 +131,60 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
     path.write_text("[decode]\nReceiving = 0\n")
     assert main([]) == 2
     assert "[decode] Receiving = 0" in capsys.readouterr().err
+
+
+def test_cli_config_option_and_exit_codes(tmp_path, monkeypatch, capsys) -> None:
+    """--config validates that file; vLLM missing is 3, outside the range 4 (never 0)."""
+    import stallguard_vllm.__main__ as cli
+
+    monkeypatch.delenv("STALLGUARD_VLLM", raising=False)
+    monkeypatch.delenv("STALLGUARD_VLLM_CONFIG", raising=False)
+    path = tmp_path / "sg.toml"
+    path.write_text("[decode]\nReceiving = 44\n")
+    for version, status in (("0.33.0", 0), (None, 3), ("0.34.1", 4), ("0.32.0", 4)):
+        monkeypatch.setattr(cli, "vllm_version", lambda v=version: v)
+        assert cli.main(["--config", str(path)]) == status, version
+        captured = capsys.readouterr()
+        assert "44 s, then failed_recving" in captured.out  # the table, in every case
+        if status:
+            assert "vLLM" in captured.err
+    path.write_text("[decode]\nReceiving = -1\n")
+    assert cli.main(["--config", str(path)]) == 2
+    assert f"{path}: [decode] Receiving = -1" in capsys.readouterr().err
+
+
+def test_cli_version(capsys) -> None:
+    import stallguard_vllm.__main__ as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("stallguard-vllm ") and "supported >=0.33,<0.34" in out
+
+
+def test_cli_closed_pipe_is_quiet(tmp_path) -> None:
+    """``stallguard-vllm | head -1``: no BrokenPipeError traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("STALLGUARD_VLLM_CONFIG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stallguard_vllm"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after one line
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -12,11 +12,16 @@ The configuration is the file ``--config`` names, else what the environment asks
   table is still printed);
 * 4: the SGLang release (installed, or given with ``--sglang-version``) is outside the
   supported range.
+
+``python -m stallguard_sglang advise ...`` suggests deadlines from a server's metrics
+(``--help`` lists its options; docs/advice.md). Installed as the ``stallguard-sglang``
+command too.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -33,6 +38,7 @@ __all__ = [
     "EXIT_SGLANG_MISSING",
     "EXIT_UNSUPPORTED",
     "EXIT_USAGE",
+    "console",
     "main",
     "one_line",
 ]
@@ -94,17 +100,29 @@ class _VersionAction(argparse.Action):
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
-    args_in = sys.argv[1:] if argv is None else argv
-    if args_in[:1] == ["advise"]:  # suggested deadlines from the metrics (docs/advice.md)
-        from ._advise import main as advise
+    from . import _advise
 
-        return advise(args_in[1:])
     parser = OneLineParser(
         prog="python -m stallguard_sglang",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Validate stallguard-sglang's configuration and print the support "
+        "tables, prefill and decode (what SGLang bounds on its own, what stallguard "
+        "enforces), without starting SGLang.",
         epilog="exit status: 0 valid and supported, 1 disabled, 2 bad configuration or "
         "arguments, 3 SGLang not installed, 4 SGLang outside the supported range",
     )
+    commands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        title="commands",
+        description="without a command: validate the configuration and print the tables",
+        parser_class=OneLineParser,
+    )
+    advise = commands.add_parser(
+        "advise",
+        help="suggest deadlines from a server's metrics (docs/advice.md)",
+        description=_advise.DESCRIPTION,
+    )
+    _advise.add_arguments(advise)
     parser.add_argument(
         "--config",
         metavar="PATH",
@@ -123,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--version", action=_VersionAction)
     args = parser.parse_args(argv)
+    if args.command == "advise":
+        return _advise.run(args)
     try:
         config = load_config({ENV_CONFIG: args.config} if args.config is not None else None)
     except ConfigError as e:  # (load_config turns every failure into one)
@@ -158,5 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
+def console(argv: list[str] | None = None) -> int:
+    """:func:`main` for a command line: a reader that closes the pipe early (``| head``)
+    ends the output quietly instead of with a traceback (exit status 1)."""
+    try:
+        status = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # what is left to print goes nowhere (Python's documented recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -10,6 +10,7 @@ for ``STALLGUARD_SGLANG_CONFIG`` (docs/advice.md). Exit status 2 on bad input.
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import sys
@@ -22,7 +23,15 @@ from stallguard._adapters import describe_exception
 
 from . import _metrics, _stats_export
 
-__all__ = ["advise_text", "main", "read_source", "toml_block"]
+__all__ = [
+    "DESCRIPTION",
+    "add_arguments",
+    "advise_text",
+    "main",
+    "read_source",
+    "run",
+    "toml_block",
+]
 
 _PREFILL_STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
 
@@ -167,16 +176,19 @@ def _summary(a: Advice) -> str:
     return f"p{(1 - a.false_timeout_rate) * 100:.6g} x {a.margin:g}, floor {a.floor:g}s, rounded up"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The advise command; returns the exit status: 0, or 2 for bad input (bad
-    arguments, a source that cannot be read, metrics that cannot be used), with a
-    one-line message on stderr."""
-    from .__main__ import OneLineParser, one_line
+#: The advise command's description (plain text, for ``--help``).
+DESCRIPTION = (
+    "Suggested deadlines from a server's metrics: reads the time-in-state histogram "
+    "stallguard-sglang exports from a live /metrics scrape (--url), a saved exposition "
+    "(--file) or SGLang's prometheus_client multiprocess directory (--multiproc-dir, "
+    "default $PROMETHEUS_MULTIPROC_DIR), applies stallguard.advise per queue and backend "
+    "(tensor-parallel ranks summed), and prints a table per backend and a TOML block for "
+    "STALLGUARD_SGLANG_CONFIG (docs/advice.md). Exit status 2 on bad input."
+)
 
-    parser = OneLineParser(
-        prog="python -m stallguard_sglang advise",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The advise command's options, on *parser*."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--url", help="scrape this /metrics URL")
     source.add_argument("--file", help="a saved Prometheus text exposition")
@@ -187,12 +199,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline", help="an earlier saved scrape: flags tails that grew since then"
     )
-    parser.add_argument("--false-timeout-rate", type=float, default=0.001)
-    parser.add_argument("--margin", type=float, default=2.0)
-    parser.add_argument("--floor", type=float, default=10.0)
-    parser.add_argument("--min-samples", type=int, default=None)
+    parser.add_argument(
+        "--false-timeout-rate",
+        type=float,
+        default=0.001,
+        help="the share of healthy stays a suggested deadline may fail, in (0, 0.5] "
+        "(default 0.001: the deadline is built on the 99.9th percentile)",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=2.0,
+        help="factor >= 1 applied to that percentile (default 2)",
+    )
+    parser.add_argument(
+        "--floor",
+        type=float,
+        default=10.0,
+        help="never suggest less than this many seconds (default 10)",
+    )
+    parser.add_argument(
+        "--min-samples",
+        type=int,
+        default=None,
+        help="stays a state needs before it gets a suggestion (default: 10 / the rate, rounded up)",
+    )
     parser.add_argument("--toml", action="store_true", help="print only the TOML block")
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The advise command; returns the exit status: 0, or 2 for bad input (bad
+    arguments, a source that cannot be read, metrics that cannot be used), with a
+    one-line message on stderr."""
+    from .__main__ import OneLineParser
+
+    parser = OneLineParser(prog="python -m stallguard_sglang advise", description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the advise command on parsed arguments (see :func:`add_arguments`)."""
+    from .__main__ import one_line
+
     multiproc = args.multiproc_dir
     if args.url is None and args.file is None and multiproc is None:
         multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

@@ -1,11 +1,18 @@
-"""``python -m stallguard_vllm``: validate the configuration the environment names and
-print the coverage table (what vLLM bounds on its own, what stallguard adds), without
-starting vLLM. Exit status 2 on a bad configuration or bad arguments, with a one-line
-message."""
+"""``python -m stallguard_vllm`` (installed as the ``stallguard-vllm`` command too):
+validate a configuration (``--config``, else the one the environment names) and print
+the coverage table (what vLLM bounds on its own, what stallguard adds), without starting
+vLLM. Exit status:
+
+* 0: the configuration is valid and the installed vLLM is supported;
+* 2: bad input: an invalid configuration, or bad arguments (a one-line message);
+* 3: vLLM is not installed here (the table is still printed);
+* 4: the installed vLLM is outside the supported range.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -16,7 +23,10 @@ from ._config import ENV_CONFIG, ENV_ENABLE, connector_config
 from ._coverage import coverage_rows, format_coverage
 from .package import SUPPORTED_VLLM, is_supported, vllm_version
 
+EXIT_OK = 0
 EXIT_USAGE = 2  # also argparse's own status for bad arguments
+EXIT_VLLM_MISSING = 3
+EXIT_UNSUPPORTED = 4
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,8 +48,45 @@ def _seconds(text: str) -> float:
     return seconds
 
 
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"stallguard-vllm {of('stallguard-vllm')} (stallguard {of('stallguard')}; "
+        f"vLLM {of('vllm')}, supported {SUPPORTED_VLLM})"
+    )
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(_versions())
+        parser.exit(EXIT_OK)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m stallguard_vllm", description=__doc__)
+    """Run the command line; returns the exit status (see the module docstring)."""
+    parser = _Parser(
+        prog="python -m stallguard_vllm",
+        description="Validate stallguard-vllm's configuration and print the coverage "
+        "table (what vLLM bounds on its own, what stallguard adds), without starting vLLM.",
+        epilog="exit status: 0 valid and supported, 2 bad configuration or arguments, "
+        "3 vLLM not installed, 4 vLLM outside the supported range",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"validate this TOML file (default: what {ENV_CONFIG} / {ENV_ENABLE} ask for)",
+    )
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument(
         "--transfer",
         action="append",
@@ -51,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        config = connector_config()
+        config = connector_config({ENV_CONFIG: args.config} if args.config is not None else None)
     except ConfigError as e:  # (connector_config turns every failure into one)
         print(f"stallguard-vllm: invalid configuration: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -62,8 +109,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mode: {config.mode}")
     rows = coverage_rows(config, lease=args.lease, modes=args.transfer or ("pull", "push"))
     print(format_coverage(rows))
-    return 0
+    if version is None:
+        print("stallguard-vllm: vLLM is not installed here", file=sys.stderr)
+        return EXIT_VLLM_MISSING
+    if not is_supported(version):
+        print(
+            f"stallguard-vllm: vLLM {version} is outside the supported range {SUPPORTED_VLLM}",
+            file=sys.stderr,
+        )
+        return EXIT_UNSUPPORTED
+    return EXIT_OK
+
+
+def console(argv: list[str] | None = None) -> int:
+    """:func:`main` for a command line: a reader that closes the pipe early (``| head``)
+    ends the output quietly instead of with a traceback (exit status 1)."""
+    try:
+        status = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())
