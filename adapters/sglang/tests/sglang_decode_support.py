@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
 import threading
@@ -56,6 +57,18 @@ from pd_wedge._decode_queues import (  # noqa: E402
 )
 
 
+def _thread_states(pid: int) -> list[str]:
+    """The state letter of each thread of *pid* (``T``: stopped)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                out.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -65,15 +78,26 @@ def free_port() -> int:
 # --------------------------------------------------------------------------- prefill peer
 
 
-def _prefill_main(conn: Any, port: int, policy: str, engine: str = "nixl") -> None:
-    """The prefill process: the bootstrap server and two prefill ranks (DP 2)."""
+def _prefill_main(
+    conn: Any,
+    port: int,
+    policy: str,
+    engine: str = "nixl",
+    layout: dict[str, int] | None = None,
+) -> None:
+    """The prefill process: the bootstrap server and two prefill ranks (DP 2), over
+    host pools of *layout* (``pd_wedge._kv.Layout`` fields; default 256 pages of 2 KiB,
+    64 metadata rows)."""
     try:
         os.environ.update(ENGINE_ENV)
+        import numpy as np
         from pd_wedge import _dp_prefill, _kv
 
         _dp_prefill.install_context(engine, port, policy)
         server = _kv.start_bootstrap_server(engine, port)
-        ranks = _dp_prefill.PrefillRanks(engine, port, _kv.Layout(num_pages=256, aux_rows=64))
+        shape = dict(num_pages=256, aux_rows=64)
+        shape.update(layout or {})
+        ranks = _dp_prefill.PrefillRanks(engine, port, _kv.Layout(**shape))
         conn.send(("ready", os.getpid()))
         while True:
             op, args_ = conn.recv()
@@ -91,6 +115,14 @@ def _prefill_main(conn: Any, port: int, policy: str, engine: str = "nixl") -> No
                     result = ranks.status(args_[0])
                 elif op == "finish":  # the inflight queue: concluded, sender cleared
                     result = _finish(ranks, *args_)
+                elif op == "fill":  # the forward pass writes the room's KV (its pattern)
+                    # into the source pages send() reads: pages 0 .. npages-1
+                    room, npages = args_
+                    ranks.pool.fill(room, np.arange(npages), 0)
+                    result = True
+                elif op == "outstanding":  # the room's chunks dequeued or posted and
+                    # not yet settled (SGLang's count behind the drain ACK)
+                    result = int(ranks.mgr._staging_outstanding.get(args_[0], 0))
                 elif op == "stop":
                     conn.send(("ok", None))
                     break
@@ -127,14 +159,16 @@ class PrefillPeer:
     """The prefill process: ``register(room)`` makes its scheduler create the room's
     sender (which registers the room's DP rank with the bootstrap server)."""
 
-    def __init__(self, policy: str = "early", engine: str = "nixl") -> None:
+    def __init__(
+        self, policy: str = "early", engine: str = "nixl", layout: dict[str, int] | None = None
+    ) -> None:
         self.engine = engine
         self.port = free_port()
         self.addr = f"{HOST}:{self.port}"
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=_prefill_main, args=(child, self.port, policy, engine), daemon=True
+            target=_prefill_main, args=(child, self.port, policy, engine, layout), daemon=True
         )
         self.proc.start()
         child.close()
@@ -163,7 +197,21 @@ class PrefillPeer:
             raise RuntimeError(f"prefill {op}{args} failed:\n{payload}")
         return payload
 
+    def freeze(self, timeout: float = 10.0) -> None:
+        """SIGSTOP the prefill process and wait until every one of its threads is
+        stopped (its transfer workers and engine threads with it)."""
+        assert self.pid is not None
+        os.kill(self.pid, signal.SIGSTOP)
+        if not wait_until(lambda: all(s in "Tt" for s in _thread_states(self.pid)), timeout, 0.002):
+            raise TimeoutError(f"prefill {self.pid} did not stop within {timeout} s")
+
+    def thaw(self) -> None:
+        assert self.pid is not None
+        os.kill(self.pid, signal.SIGCONT)
+
     def close(self) -> None:
+        if self.pid is not None and self.proc.is_alive():
+            os.kill(self.pid, signal.SIGCONT)  # a stopped process cannot stop itself
         if self.proc.is_alive():
             try:
                 self.conn.send(("stop", ()))

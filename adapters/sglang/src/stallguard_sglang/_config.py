@@ -47,6 +47,11 @@ DECODE_PHASES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "transfer": ("WaitingForInput", "Transferring"),
     }
 )
+#: Seconds a quarantined decode hold may last before it is escalated (``[decode]
+#: quarantine``): twice SGLang's own deferred-release timeout (30 s), so that a hold
+#: SGLang would have ended on its own ("releasing anyway") is escalated soon after.
+DEFAULT_QUARANTINE = 60.0
+
 #: Transfer backends with a profile (``--disaggregation-transfer-backend``; ``fake`` is
 #: also what warmup and health-check requests use on every backend).
 BACKENDS = ("nixl", "mooncake", "ascend", "mori", "fake")
@@ -113,11 +118,16 @@ class DecodeConfig:
             (``WaitingForInput``, ``Transferring``). A phase the file does not set
             gets a default derived from SGLang's own settings (see
             :func:`stallguard_sglang.decode_deadlines`).
+        quarantine: seconds the pages of a request stallguard failed in the transfer
+            queue may stay quarantined (held until the prefill proves its writes into
+            them over) before the hold is escalated: logged at ERROR, reported, shown
+            on the quarantine metrics. Never freed on this timer (docs/sglang.md).
     """
 
     mode: PrefillMode = "enforce"
     prealloc: Mapping[str, Deadline] = field(default_factory=lambda: _frozen({}))
     transfer: Mapping[str, Deadline] = field(default_factory=lambda: _frozen({}))
+    quarantine: float = DEFAULT_QUARANTINE
 
 
 @dataclass(frozen=True)
@@ -297,8 +307,27 @@ def _bootstrap(table: Mapping[str, Any], source: str) -> BootstrapQueueConfig:
 
 
 def _decode(table: Mapping[str, Any], source: str) -> DecodeConfig:
-    _only(table, ("mode", *DECODE_PHASES), "decode", source)
+    _only(table, ("mode", "quarantine", *DECODE_PHASES), "decode", source)
     mode = _mode(table, "decode", ("enforce", "report", "off"), source)
+    quarantine = DEFAULT_QUARANTINE
+    if "quarantine" in table:
+        value = table["quarantine"]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise _error(
+                source,
+                "decode",
+                "quarantine",
+                value,
+                "must be a positive, finite number of seconds (how long a failed "
+                "request's pages may stay quarantined before the hold is escalated; "
+                "they are never freed on this timer)",
+            )
+        quarantine = float(value)
     queues: dict[str, Mapping[str, Deadline]] = {}
     for queue, phases in DECODE_PHASES.items():
         where = f"decode.{queue}"
@@ -313,4 +342,9 @@ def _decode(table: Mapping[str, Any], source: str) -> DecodeConfig:
             raise _error(source, where, phase, value, f"{hint}; phases: {', '.join(phases)}")
         parsed = parse_deadlines(sub, source=source, prefix=where)
         queues[queue] = _frozen({str(phase): deadline for phase, deadline in parsed.items()})
-    return DecodeConfig(mode=mode, prealloc=queues["prealloc"], transfer=queues["transfer"])
+    return DecodeConfig(
+        mode=mode,
+        prealloc=queues["prealloc"],
+        transfer=queues["transfer"],
+        quarantine=quarantine,
+    )

@@ -26,19 +26,33 @@ A forced failure does what SGLang's own waiting timeout does: ``record_failure``
 no-op and a ``Success`` held back by the gate is failed too), and
 ``ensure_abort_notified()`` (the ABORT to prefill, where ``init()`` created a bootstrap;
 drain ACKs armed once metadata was sent). The queue list is never touched: SGLang's next
-poll, MIN all-reduced over the ranks, concludes it on every rank and frees pages, slot
-and metadata buffer (or holds them in its deferred release until prefill ACKs the drain
-or ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`` passes).
+poll, MIN all-reduced over the ranks, concludes it on every rank (the client gets its
+error in that call).
+
+Failing is not freeing. A request failed in the transfer queue has published its page
+indices, and a prefill frozen mid-WRITE completes that WRITE when it resumes (measured:
+docs/sglang.md). SGLang holds such pages in its deferred release until the prefill's
+drain ACK (sent only once its transfer worker has no chunk of the room dequeued or
+posted) or ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`` (30 s), then frees
+them "anyway". For the requests stallguard failed, the transfer hook **takes that
+release over**: right after the ``pop_transferred`` call that deferred them it sets their
+entry's timeout to infinity (so SGLang's own ``resolve_deferred_releases`` frees them on
+the drain ACK alone, still MIN all-reduced over the ranks) and holds them in a
+:class:`stallguard.Quarantine` (``[decode] quarantine`` seconds before a hold is
+escalated: ERROR log, a ``Quarantined`` report span, the quarantine gauges; never freed on
+a timer). A request failed before its metadata was sent (the prealloc queue) holds no
+pages and the prefill has no address to write to: nothing to quarantine.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from stallguard import CONCLUDED, Expiry, Spec, Watchdog
+from stallguard import CONCLUDED, Expiry, Quarantine, Spec, Watchdog
 
 from . import _metrics
 from ._config import DECODE_PHASES, Config
@@ -69,6 +83,15 @@ _FAILED, _BOOTSTRAPPING, _WAITING, _TRANSFERRING, _SUCCESS = range(5)
 _ROOMS = "_stallguard_decode_rooms"  # on a decode CommonKVManager: room -> _Entry
 _ENTRY = "_stallguard_decode_entry"  # on a CommonKVReceiver: its _Entry
 _GUARD = "_stallguard_decode_guard"  # on a DecodePreallocQueue / DecodeTransferQueue
+_PROOF = "transfer_done"  # what SGLang's drain ACK proves (see _Hold)
+#: The span/log words for what an overdue hold gets: SGLang 0.5.23's decode side has no
+#: connection of its own to the prefill it could tear down (its NIXL agent never adds
+#: the prefill as a remote agent; the prefill's engine writes into decode's registered
+#: memory over connections the prefill opened).
+OVERDUE_ACTION = (
+    "holding: no decode-side teardown of the prefill's transfers exists; restart or "
+    "kill the prefill (docs/sglang.md)"
+)
 
 _TABLE_LOGGED = "_stallguard_decode_table_logged"  # on the Runtime
 
@@ -147,6 +170,63 @@ class _Entry:
         return str(self.rid)
 
 
+class _Hold:
+    """A request stallguard failed in the transfer queue whose pages SGLang deferred:
+    the key of its quarantine hold (shown as the rid).
+
+    Released only when SGLang's own ``resolve_deferred_releases`` freed the entry,
+    which, with its timeout taken over (infinite), happens only once the room's drain
+    ACK came from every prefill rank that got the metadata: the prefill sends it from
+    ``_maybe_ack_drained_abort`` (common/conn.py) only while ``_staging_outstanding`` for
+    the room is 0, which its transfer workers decrement only after every NIXL handle of
+    the chunk is ``DONE`` (or all settled after an error), or after Mooncake's
+    synchronous ``send_kvcache`` returned; a chunk whose writes may still land poisons
+    the room (``poison_deferred_ack_room``: no ACK ever). The room is marked ``Failed``
+    before the ACK target is registered, so a chunk dequeued later is skipped unsent.
+    """
+
+    __slots__ = ("backend", "dreq", "peer", "rid", "room")
+
+    def __init__(self, dreq: Any, backend: str) -> None:
+        self.dreq: Any = dreq
+        self.rid = dreq.req.rid
+        receiver = dreq.kv_receiver
+        self.room = getattr(receiver, "bootstrap_room", None)
+        self.backend = backend
+        self.peer = _peer_of(receiver)
+
+    def __repr__(self) -> str:
+        return repr(self.rid)
+
+    def __str__(self) -> str:
+        return str(self.rid)
+
+
+def _peer_of(receiver: Any) -> str:
+    """The prefill rank(s) that may still write into a receiver's pages."""
+    infos = getattr(receiver, "bootstrap_infos", None) or ()
+    peers = []
+    for info in infos:
+        ip = info.get("rank_ip") if isinstance(info, dict) else getattr(info, "rank_ip", None)
+        port = info.get("rank_port") if isinstance(info, dict) else getattr(info, "rank_port", None)
+        if ip is not None:
+            peers.append(f"{ip}:{port}")
+    return ",".join(sorted(set(peers))) or str(getattr(receiver, "bootstrap_addr", "?"))
+
+
+def _held_size(dreq: Any) -> tuple[int, int]:
+    """(pages, bytes) the request's published destination spans: its tokens in pages,
+    times the bytes a page takes over every KV buffer (what a WRITE can reach)."""
+    try:
+        kv_args = dreq.kv_receiver.kv_mgr.kv_args
+        page_size = max(1, int(getattr(kv_args, "page_size", 1) or 1))
+        pages = -(-len(dreq.req.origin_input_ids) // page_size)
+        per_page = sum(int(n) for n in getattr(kv_args, "kv_item_lens", ()) or ())
+        return pages, pages * per_page
+    except Exception:
+        return 0, 0
+
+
 class _DecodeGuard(QueueMembership):
     """Guards one decode queue list: its watchdog, its entries, their phases."""
 
@@ -188,11 +268,27 @@ class _DecodeGuard(QueueMembership):
         self.lock = threading.Lock()  # phase updates come from transfer threads too
         QueueMembership.__init__(self)  # entries: id(DecodeRequest.req) -> _Entry
         self.backend: str | None = None
+        #: transfer queue: requests stallguard failed, until SGLang deferred (or freed)
+        #: them: id(DecodeRequest) -> (DecodeRequest, backend)
+        self.forced: dict[int, tuple[Any, str]] = {}
+        #: transfer queue: the deferred releases taken over: id(DecodeRequest) -> _Hold
+        self.holds: dict[int, _Hold] = {}
+        self.quarantine: Quarantine[_Hold] | None = None
+        self._peers_shown: set[tuple[str, str]] = set()
+        if kind == "transfer" and mode == "enforce":
+            self.quarantine = Quarantine(
+                "sglang.decode.quarantine",
+                deadline=config.decode.quarantine,
+                clock=rt.clock,
+                unit="pages",
+                overdue_action=OVERDUE_ACTION,
+            )
         rt.guards.add(self)  # type: ignore[arg-type]
 
     @property
     def watchdogs(self) -> dict[str, Watchdog[Any]]:
-        """This queue's watchdog, under the backend of its requests."""
+        """This queue's watchdog, under the backend of its requests (the transfer
+        queue's quarantine is :attr:`quarantine`)."""
         return {self.backend or "decode": self.wd}
 
     def _describe(self, entry: _Entry) -> dict[str, Any]:
@@ -304,9 +400,117 @@ class _DecodeGuard(QueueMembership):
             f"the decode {self.kind} queue, past its {expiry.deadline:g}s deadline"
         )
         entry.forced = reason
+        if self.quarantine is not None:
+            self.forced[id(entry.dreq)] = (entry.dreq, entry.backend)
         fail_receiver(entry.receiver, reason)
         _metrics.count("forced", self.kind, entry.backend, expiry.state_label, self.metric_labels)
         return None
+
+    # ------------------------------------------------------------------ quarantine
+
+    def take_over(self, tq: Any) -> None:
+        """After a ``pop_transferred`` call (and at every later one): take over the
+        deferred release of the requests stallguard failed, release the holds SGLang
+        freed on the drain ACK, escalate the overdue ones. Cheap when nothing is held."""
+        quarantine = self.quarantine
+        if quarantine is None or not (self.forced or self.holds):
+            return
+        deferred = getattr(tq, "_deferred_releases", None)
+        if deferred is None:
+            deferred = []
+        changed = False
+        if self.forced:
+            changed |= self._adopt(tq, deferred, quarantine)
+        if self.holds:
+            present = {id(item[0]) for item in deferred}
+            for key in [k for k in self.holds if k not in present]:
+                hold = self.holds[key]
+                if hold.dreq.kv_receiver is not None:
+                    # dropped without SGLang's _do_release (a release that raised, or
+                    # release_memory_occupation): not freed, so it stays in the ledger
+                    continue
+                del self.holds[key]
+                released = quarantine.release(hold, proof=_PROOF)
+                hold.dreq = None
+                if released is not None:
+                    log.info(
+                        "stallguard-sglang: %s (bootstrap_room %s): the prefill ACKed the "
+                        "drain; its %d quarantined pages freed after %.3fs",
+                        hold.rid,
+                        hold.room,
+                        released.units,
+                        quarantine.watchdog.clock() - released.since,
+                    )
+                changed = True
+        if quarantine.check():
+            changed = True
+        if changed:
+            self._show_quarantine(quarantine)
+
+    def _adopt(self, tq: Any, deferred: list[Any], quarantine: Quarantine[_Hold]) -> bool:
+        changed = False
+        for i, item in enumerate(deferred):
+            key = id(item[0])
+            found = self.forced.pop(key, None)
+            if found is None or key in self.holds:
+                continue
+            dreq, backend = found
+            # (decode_req, start_time, deadline, metadata_idx, required_acks): only the
+            # drain ACK can release it now, through SGLang's own resolve
+            deferred[i] = (item[0], item[1], math.inf, *item[3:])
+            hold = _Hold(dreq, backend)
+            pages, nbytes = _held_size(dreq)
+            self.holds[key] = hold
+            quarantine.hold(
+                hold,
+                peer=hold.peer,
+                units=pages,
+                nbytes=nbytes,
+                attributes=_attributes(
+                    rid=str(hold.rid),
+                    bootstrap_room=hold.room,
+                    backend=backend,
+                    tp_rank=self.tp_rank,
+                    queue=self.kind,
+                ),
+            )
+            changed = True
+        if self.forced:
+            queued = {id(d) for d in getattr(tq, "queue", ())}
+            for key in [k for k in self.forced if k not in queued]:
+                dreq, _ = self.forced.pop(key)
+                # SGLang freed the pages at once: deferred release is off
+                # (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0) or unsupported
+                log.error(
+                    "stallguard-sglang: %s was failed with its metadata sent and SGLang "
+                    "freed its pages at once (deferred decode KV release is off or "
+                    "unsupported by this backend): a prefill that resumes may still "
+                    "write into them. Enable SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_"
+                    "RELEASE for stallguard to quarantine them",
+                    dreq.req.rid,
+                )
+        return changed
+
+    def _show_quarantine(self, quarantine: Quarantine[_Hold]) -> None:
+        """The quarantine gauges, per (backend, peer); a peer whose holds all left is
+        set to zero."""
+        by_backend: dict[str, dict[str, list[int]]] = {}
+        for held in quarantine.holds():
+            backend = held.key.backend
+            row = by_backend.setdefault(backend, {}).setdefault(held.peer, [0, 0, 0])
+            row[0] += held.units
+            row[1] += held.nbytes
+            row[2] += int(held.overdue)
+        shown = {(b, p) for b, peers in by_backend.items() for p in peers}
+        for backend, peer in self._peers_shown - shown:
+            by_backend.setdefault(backend, {})[peer] = [0, 0, 0]
+        self._peers_shown = shown
+        for backend, peers in by_backend.items():
+            _metrics.set_quarantined(
+                backend,
+                {peer: (row[0], row[1], row[2]) for peer, row in peers.items()},
+                self.metric_labels,
+            )
 
 
 def fail_receiver(receiver: Any, reason: str) -> None:
@@ -397,10 +601,17 @@ def prealloc_around(original: Callable[..., Any], q: Any, *args: Any, **kwargs: 
 
 
 def transfer_around(original: Callable[..., Any], q: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook of ``DecodeTransferQueue.pop_transferred``."""
-    if _guard(q, "transfer") is None:
+    """AROUND hook of ``DecodeTransferQueue.pop_transferred``; then the quarantine's
+    take-over of the deferred releases of the requests stallguard failed."""
+    guard = _guard(q, "transfer")
+    if guard is None:
         return original(q, *args, **kwargs)
-    return around_queue(TRANSFER, original, q, *args, **kwargs)
+    result = around_queue(TRANSFER, original, q, *args, **kwargs)
+    try:
+        guard.take_over(q)
+    except Exception:
+        report_error("pop_transferred (quarantine)")
+    return result
 
 
 def update_status_after(

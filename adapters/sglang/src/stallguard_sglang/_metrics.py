@@ -29,7 +29,19 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FORCED_FAILURES", "LABELS", "STALLS_REPORTED", "count", "prepare", "scheduler_labels"]
+__all__ = [
+    "FORCED_FAILURES",
+    "LABELS",
+    "QUARANTINED_BYTES",
+    "QUARANTINED_OVERDUE",
+    "QUARANTINED_PAGES",
+    "QUARANTINE_LABELS",
+    "STALLS_REPORTED",
+    "count",
+    "prepare",
+    "scheduler_labels",
+    "set_quarantined",
+]
 
 log = logging.getLogger("stallguard.sglang")
 
@@ -39,9 +51,19 @@ FORCED_FAILURES = "sglang:stallguard_forced_failures"
 STALLS_REPORTED = "sglang:stallguard_stalls_reported"
 #: The adapter's own label names (first); SGLang's scheduler labels follow.
 LABELS = ("queue", "backend", "state")
+#: Decode pages of requests stallguard failed, held in quarantine (not freed) because
+#: the prefill has not proven its writes into them over; per prefill peer.
+QUARANTINED_PAGES = "sglang:stallguard_quarantined_pages"
+#: The same holds in bytes (pages times the bytes a page spans over every KV buffer).
+QUARANTINED_BYTES = "sglang:stallguard_quarantined_bytes"
+#: Holds older than ``[decode] quarantine`` (escalated: logged at ERROR, still held).
+QUARANTINED_OVERDUE = "sglang:stallguard_quarantined_overdue_holds"
+#: The quarantine gauges' own label names (first); SGLang's scheduler labels follow.
+QUARANTINE_LABELS = ("backend", "peer")
 
 _lock = threading.Lock()
 _counters: dict[str, Any] | None = None
+_gauges: dict[str, Any] | None = None
 _failed = False
 #: SGLang's label names the counters were created with (fixed at creation)
 _sglang_names: tuple[str, ...] = ()
@@ -154,3 +176,62 @@ def scheduler_labels(sched: Any, tp_rank: int | None) -> dict[str, str]:
     if dp_rank is not None:
         labels["dp_rank"] = dp_rank
     return {k: "" if v is None or isinstance(v, Mapping) else str(v) for k, v in labels.items()}
+
+
+def _create_gauges() -> dict[str, Any] | None:
+    global _gauges
+    if _create(_sglang_names) is None:  # fixes the SGLang label names, once
+        return None
+    with _lock:
+        if _gauges is not None:
+            return _gauges
+        try:
+            from prometheus_client import Gauge
+
+            names = QUARANTINE_LABELS + _sglang_names
+            # multiprocess: one series per live scheduler process (labels differ by rank)
+            _gauges = {
+                what: Gauge(name, doc, labelnames=names, multiprocess_mode="livesum")
+                for what, name, doc in (
+                    (
+                        "pages",
+                        QUARANTINED_PAGES,
+                        "Decode KV pages of requests stallguard failed, held (not freed) "
+                        "until the prefill proves its writes into them over.",
+                    ),
+                    (
+                        "bytes",
+                        QUARANTINED_BYTES,
+                        "Bytes of decode KV pages held in stallguard's quarantine.",
+                    ),
+                    (
+                        "overdue",
+                        QUARANTINED_OVERDUE,
+                        "Quarantined holds older than [decode] quarantine (escalated, "
+                        "still held: see docs/sglang.md for what to do).",
+                    ),
+                )
+            }
+        except Exception:
+            log.exception("stallguard-sglang: could not create its quarantine gauges")
+            _gauges = {}
+        return _gauges
+
+
+def set_quarantined(
+    backend: str,
+    by_peer: Mapping[str, tuple[int, int, int]],
+    sglang_labels: Mapping[str, str],
+) -> None:
+    """Set the quarantine gauges of *backend*: ``peer -> (pages, bytes, overdue holds)``
+    (a peer whose holds were all released is passed with zeros)."""
+    gauges = _gauges if _gauges is not None else _create_gauges()
+    if not gauges:
+        return
+    try:
+        extra = {name: sglang_labels.get(name, "") for name in _sglang_names}
+        for peer, values in by_peer.items():
+            for what, value in zip(("pages", "bytes", "overdue"), values, strict=True):
+                gauges[what].labels(backend=backend, peer=peer, **extra).set(value)
+    except Exception:  # a metrics problem must never break the scheduler loop
+        log.exception("stallguard-sglang: could not set the quarantine gauges")
