@@ -43,6 +43,19 @@ def test_defaults_derive_from_sglangs_settings():
     }
 
 
+def test_quarantine_seconds():
+    assert Config().decode.quarantine == 60.0
+    assert parse({"quarantine": 5}).decode.quarantine == 5.0
+    assert parse({"quarantine": 0.5}).decode.quarantine == 0.5
+    for bad, shown in ((0, "0"), (-1, "-1"), (float("inf"), "inf"), ("60", '"60"'), (True, "true")):
+        with pytest.raises(ConfigError) as info:
+            parse({"quarantine": bad})
+        assert str(info.value).startswith(f"f.toml: [decode] quarantine = {shown}: must be a ")
+        assert "never freed on this timer" in str(info.value)
+    with pytest.raises(ConfigError, match=r"\[decode\] quarantin = 5: unknown key"):
+        parse({"quarantin": 5})
+
+
 def test_the_file_overrides_each_phase():
     config = parse(
         {
@@ -64,7 +77,10 @@ def test_the_file_overrides_each_phase():
     ("decode", "message"),
     [
         ({"mode": "fail"}, '[decode] mode = "fail": must be one of "enforce", "report", "off"'),
-        ({"deadlines": {}}, "[decode] deadlines = {}: unknown key; allowed keys: mode, prealloc"),
+        (
+            {"deadlines": {}},
+            "[decode] deadlines = {}: unknown key; allowed keys: mode, quarantine, prealloc",
+        ),
         ({"prealloc": 5}, "[decode] prealloc = 5: must be a table ([decode.prealloc])"),
         (
             {"prealloc": {"Bootstraping": 5}},
