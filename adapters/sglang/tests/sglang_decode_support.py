@@ -120,6 +120,18 @@ def _prefill_main(
                     room, npages = args_
                     ranks.pool.fill(room, np.arange(npages), 0)
                     result = True
+                elif op == "fail":  # what stallguard's prefill failure does, then
+                    # SGLang's inflight queue at its next call: conclude_failure (decode
+                    # is told), failure_exception() (the sender cleared) and the source
+                    # pages released (the caller refills them: the next request's KV)
+                    room, reason = args_
+                    ranks.mgr.conclude_failure(bootstrap_room=room, failure_reason=reason)
+                    try:
+                        ranks.senders[room].failure_exception()
+                    except Exception as e:
+                        result = str(e)
+                    else:
+                        result = None
                 elif op == "outstanding":  # the room's chunks dequeued or posted and
                     # not yet settled (SGLang's count behind the drain ACK)
                     result = int(ranks.mgr._staging_outstanding.get(args_[0], 0))
@@ -222,6 +234,95 @@ class PrefillPeer:
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join(5)
+
+
+# --------------------------------------------------------------------------- decode peer
+
+
+def _decode_main(
+    conn: Any, port: int, engine: str, layout: dict[str, int], release_timeout: float
+) -> None:
+    """A decode process: SGLang's real decode queues (:class:`DecodeSide`) over a real
+    decode manager connected to the prefill whose bootstrap server listens on *port*;
+    driven over *conn*, so the driver can SIGSTOP it mid-transfer."""
+    try:
+        os.environ.update(ENGINE_ENV)
+        import numpy as np
+        from pd_wedge import _kv
+
+        install_decode_context(port, "early", engine=engine)
+        node = DecodeNode(f"{HOST}:{port}", engine=engine, layout=_kv.Layout(**layout))
+        side = DecodeSide(node, free_slots=2)
+        side.transfer.deferred_kv_release_timeout = release_timeout
+        dreqs: dict[str, Any] = {}
+        pages: dict[str, Any] = {}
+        conn.send(("ready", os.getpid()))
+        while True:
+            op, args_ = conn.recv()
+            try:
+                if op == "add":  # a request for *room*, admitted: metadata sent
+                    rid, room, npages = args_
+                    dreq = side.add(rid, room)
+                    dreq.req.origin_input_ids = list(range(npages))
+                    side.step()
+                    slot = dreq.req.kv.req_pool_idx
+                    pages[rid] = side.host.req_to_token[slot].numpy()
+                    for buf in side.kv.kv:
+                        buf[pages[rid]] = 0
+                    dreqs[rid] = dreq
+                    result: Any = [int(p) for p in pages[rid]]
+                elif op == "step":
+                    side.step()
+                    result = {
+                        "done": list(side.done),
+                        "aborted": side.aborted(),
+                        "transfer": side.rids("transfer"),
+                        "deferred": [e[0].req.rid for e in side.transfer._deferred_releases],
+                        "free_slots": side.host.available_size(),
+                    }
+                elif op == "count":  # bytes of rid's pages holding *room*'s pattern
+                    rid, room = args_
+                    result = sum(
+                        int(np.count_nonzero(buf[pages[rid]] == _kv.HostPool.pattern(room, r)))
+                        for r, buf in enumerate(side.kv.kv)
+                    )
+                elif op == "stop":
+                    conn.send(("ok", None))
+                    break
+                else:
+                    raise ValueError(op)
+                conn.send(("ok", result))
+            except Exception:
+                conn.send(("err", traceback.format_exc()))
+    except BaseException:
+        try:
+            conn.send(("err", traceback.format_exc()))
+        except Exception:
+            pass
+    finally:
+        os._exit(0)
+
+
+class DecodePeer(PrefillPeer):
+    """A decode process (:func:`_decode_main`) for the prefill *peer*: ``add``,
+    ``step``, ``count`` over RPC; ``freeze`` / ``thaw`` as for the prefill."""
+
+    def __init__(
+        self, peer: PrefillPeer, layout: dict[str, int], release_timeout: float = 30.0
+    ) -> None:
+        self.engine = peer.engine
+        self.port = peer.port
+        self.addr = peer.addr
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_decode_main,
+            args=(child, peer.port, peer.engine, layout, release_timeout),
+            daemon=True,
+        )
+        self.proc.start()
+        child.close()
+        self.pid = None
 
 
 # --------------------------------------------------------------------------- decode side

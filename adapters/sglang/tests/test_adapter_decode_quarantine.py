@@ -19,7 +19,23 @@ prefill resumes; its WRITE completes. Then the new owner's bytes are compared ex
   keeps every byte, the late WRITE lands in the quarantined pages (counted), and the
   prefill's drain ACK frees them: nothing is left behind.
 
-About 20-40 s per engine (mostly the prefill process starting).
+The prefill side (the last test), in the same processes plus a decode process of its
+own that can be frozen: stallguard's prefill failure of a ``Transferring`` room is
+``conclude_failure`` (the room Failed, decode told; ``_guard._fail_common``); SGLang's
+inflight queue then concludes it at its next call (``handle_inflight_transfer_failure``:
+``failure_exception()``, which clears the sender, and ``release_kv_cache``: the source
+pages go back to the pool and the next request's forward pass writes its KV into them).
+A WRITE already posted from those pages keeps reading them: with the decode frozen the
+engine gets the rest of the bytes onto the wire only once decode drains its socket, so
+it reads the *next* request's KV into the failed request's decode pages (the control
+counts them). Safe by construction all the same: those pages belong to the failed
+request alone. Its prefill never sends ``Success`` for a room with a recorded failure or
+a cleared room (``conclude_transfer``, common/conn.py:868-883), so decode concludes
+``Failed``; decode's deferred release holds the pages until the prefill's drain ACK
+(decode ABORTs a failure it did not start, ``force_arm``, decode.py:2899-2908); the next
+request, which owns the source pages now, transfers its own KV intact.
+
+About 30-60 s per engine, mostly the processes starting (they start in parallel).
 """
 
 from __future__ import annotations
@@ -52,6 +68,8 @@ LAYOUT = dict(layers=2, page_bytes=1 << 20, num_pages=32, aux_rows=16)
 PAGES = 8  # one HostPools slot
 OWNER = 254  # the new owner's byte: room patterns are 1..251
 ROUNDS = 2
+TOTAL = PAGES * LAYOUT["page_bytes"] * 2 * LAYOUT["layers"]
+WFI = 2
 
 
 @pytest.fixture(scope="module", params=["nixl", "mooncake"])
@@ -60,17 +78,25 @@ def engine(request):
 
 
 @pytest.fixture(scope="module")
-def peer(engine):
-    p = ds.PrefillPeer("early", engine, layout=LAYOUT)
+def procs(engine):
+    """The prefill process, and a decode process of its own for the prefill-side test
+    (started together: their imports overlap)."""
+    prefill = ds.PrefillPeer("early", engine, layout=LAYOUT)
+    decode = ds.DecodePeer(prefill, LAYOUT, release_timeout=30.0)
     try:
-        import sglang.srt.disaggregation.decode  # noqa: F401  (import while it starts)
+        import sglang.srt.disaggregation.decode  # noqa: F401  (import while they start)
 
-        p.wait_ready()
-    except BaseException:
-        p.close()
-        raise
-    yield p
-    p.close()
+        prefill.wait_ready()
+        decode.wait_ready()
+        yield prefill, decode
+    finally:
+        decode.close()
+        prefill.close()
+
+
+@pytest.fixture(scope="module")
+def peer(procs):
+    return procs[0]
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +286,53 @@ def test_stallguard_quarantines_written_pages_until_the_drain_ack(peer, side, ca
         assert side.allocator.available_size() == side.allocator.size
     fired = [(str(e.key), e.state_label, e.mode) for e in expiries]
     assert fired == [("victim", "WaitingForInput", "enforce"), ("victim", "Quarantined", "report")]
+
+
+def test_a_prefill_failure_mid_write_never_finishes_decode_with_another_requests_kv(procs):
+    prefill, decode = procs
+    # warm up: the first room of the pair sets the connections up (UCX wire-up)
+    warm = ds.next_room()
+    prefill.call("register", warm)
+    decode.call("add", "warm", warm, PAGES)
+    prefill.call("fill", warm, PAGES)
+    prefill.call("send", warm, PAGES, True)
+    assert ds.wait_until(lambda: "warm" in decode.call("step")["done"], 60)
+    assert decode.call("count", "warm", warm) == TOTAL
+    victim, following = ds.next_room(), ds.next_room()
+    prefill.call("register", victim)
+    decode.call("add", "victim", victim, PAGES)
+    assert ds.wait_until(lambda: prefill.call("status", victim) == WFI, 10)
+    decode.freeze()
+    prefill.call("fill", victim, PAGES)
+    prefill.call("send", victim, PAGES, True)
+    # the chunk is dequeued and its WRITE posted (SGLang's count behind the drain ACK)
+    assert ds.wait_until(lambda: prefill.call("outstanding", victim) == 1, 10)
+    reason = prefill.call("fail", victim, "stallguard: the test fails the Transferring room")
+    assert "stallguard" in reason
+    # the source pages released and reused: the next request's KV written into them
+    prefill.call("fill", following, PAGES)
+    assert prefill.call("outstanding", victim) == 1  # the WRITE still posted
+    decode.thaw()
+    assert ds.wait_until(lambda: "victim" in decode.call("step")["aborted"], 30)
+    assert ds.wait_until(lambda: prefill.call("outstanding", victim) == 0, 30)
+    state = decode.call("step")
+    assert "victim" not in state["done"]  # failed, never finished
+    own = decode.call("count", "victim", victim)
+    mixed = decode.call("count", "victim", following)
+    print(
+        f"[{prefill.engine}] victim's decode pages after the thaw: {own} B its own KV, "
+        f"{mixed} B the next request's (read from the reused source pages); "
+        f"decode concluded it: {state['aborted']['victim'][:120]!r}"
+    )
+    assert mixed > 0  # the control: the late WRITE read the reused source pages
+    assert own + mixed == TOTAL
+    # decode holds the mixed pages until the prefill's drain ACK, then frees them
+    assert ds.wait_until(
+        lambda: (lambda s: s["deferred"] == [] and s["free_slots"] == 2)(decode.call("step")), 30
+    )
+    # the source pages' new owner transfers its own KV intact
+    prefill.call("register", following)
+    decode.call("add", "following", following, PAGES)
+    prefill.call("send", following, PAGES, True)
+    assert ds.wait_until(lambda: "following" in decode.call("step")["done"], 30)
+    assert decode.call("count", "following", following) == TOTAL
