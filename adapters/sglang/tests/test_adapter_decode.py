@@ -214,9 +214,13 @@ def test_each_phase_fails_at_its_deadline_through_sglangs_path(peer, side):
             assert f"spent {deadline:.1f}s in {phase} in the decode {queue} queue" in message
             if rid == "in-transfer":
                 # prefill may still write into its pages: SGLang holds them (and the
-                # metadata row) in its deferred release until prefill ACKs the ABORT
+                # metadata row) in its deferred release, taken over by stallguard's
+                # quarantine: freed only once prefill ACKs the drain
                 held = [entry[0].req.rid for entry in side.transfer._deferred_releases]
                 assert held == ["in-transfer"]
+                assert [e[2] for e in side.transfer._deferred_releases] == [float("inf")]
+                quarantine = side.transfer._stallguard_decode_guard.quarantine
+                assert [str(h.key) for h in quarantine.holds()] == ["in-transfer"]
         assert side.pending_rids() == [] and phases(side)["transfer"] == []
         # the ABORTs reached the prefill, whose senders for those rooms failed
         for rid in ("in-transfer", "no-memory"):
@@ -227,6 +231,9 @@ def test_each_phase_fails_at_its_deadline_through_sglangs_path(peer, side):
         )
         assert side.host.available_size() == 2
         assert side.allocator.available_size() == side.allocator.size
+        # the two transfer-queue failures were held (and ACKed); the prealloc ones
+        # held no pages and published none: nothing to quarantine
+        assert quarantine.holds() == [] and quarantine.snapshot().released == {"transfer_done": 2}
     fired = [(str(e.key), e.state_label, e.deadline) for e in expiries]
     assert fired == [(rid, phase, float(d)) for rid, _, phase, d in DUE]  # each once
     for _, queue, phase, _ in DUE:
