@@ -312,22 +312,19 @@ def _decode(table: Mapping[str, Any], source: str) -> DecodeConfig:
     quarantine = DEFAULT_QUARANTINE
     if "quarantine" in table:
         value = table["quarantine"]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
+        if isinstance(seconds, str):
+            too_large = " (this one is too large for a float)" if seconds == TOO_LARGE else ""
             raise _error(
                 source,
                 "decode",
                 "quarantine",
                 value,
-                "must be a positive, finite number of seconds (how long a failed "
-                "request's pages may stay quarantined before the hold is escalated; "
-                "they are never freed on this timer)",
+                f"must be a positive, finite number of seconds{too_large} (how long a "
+                "failed request's pages may stay quarantined before the hold is "
+                "escalated; they are never freed on this timer)",
             )
-        quarantine = float(value)
+        quarantine = seconds
     queues: dict[str, Mapping[str, Deadline]] = {}
     for queue, phases in DECODE_PHASES.items():
         where = f"decode.{queue}"
