@@ -394,6 +394,22 @@ class _DecodeGuard(QueueMembership):
                 entry.rid,
             )
             return CONCLUDED
+        phase = self.phase_of(entry.receiver, status)
+        if phase != expiry.state_label:
+            # a transfer thread moved it on between the check's decision and now (its
+            # update_status hook had not observed it yet): the phase it overstayed
+            # ended in time, e.g. its KV just arrived (SGLang's own timeout checks
+            # Success first too). Withdrawn; the new phase is tracked under a new key
+            # from now (at most one call later than the change: never failed early)
+            log.info(
+                "stallguard-sglang: %s left %s (now %s) as its decode deadline fired; "
+                "not failing it",
+                entry.rid,
+                expiry.state_label,
+                phase,
+            )
+            self._rekey(entry)
+            return CONCLUDED
         reason = (
             f"stallguard: request {entry.rid} (bootstrap_room {entry.room}, "
             f"{entry.backend}) spent {expiry.elapsed:.1f}s in {expiry.state_label} in "
@@ -405,6 +421,22 @@ class _DecodeGuard(QueueMembership):
         fail_receiver(entry.receiver, reason)
         _metrics.count("forced", self.kind, entry.backend, expiry.state_label, self.metric_labels)
         return None
+
+    def _rekey(self, entry: _Entry) -> None:
+        """Track *entry*'s request under a new entry, in its current phase from now
+        (the old key's expiry is being withdrawn, which concludes that key)."""
+        new = _Entry(self, entry.dreq, entry.receiver, entry.backend)
+        with self.lock:
+            entry.live = False
+        key = id(entry.dreq.req)
+        if self.entries.get(key) is entry:
+            self.entries[key] = new
+        rooms = getattr(entry.mgr, _ROOMS, None)
+        if rooms is not None and rooms.get(entry.room) is entry:
+            rooms[entry.room] = new
+        if getattr(entry.receiver, _ENTRY, None) is entry:
+            setattr(entry.receiver, _ENTRY, new)
+        self.refresh(new, self.clock())
 
     # ------------------------------------------------------------------ quarantine
 
