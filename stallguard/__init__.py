@@ -19,7 +19,7 @@ from ._config import (
     parse_deadlines,
 )
 from ._details import CONCLUDED, Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
-from ._errors import ConfigError, StallguardError, UnknownStateError
+from ._errors import ClockError, ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
 from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
 from ._spec import Deadline, Spec, State, state_label
@@ -33,6 +33,7 @@ __all__ = [
     "CONCLUDED",
     "Advice",
     "AsyncWait",
+    "ClockError",
     "ConfigError",
     "Deadline",
     "Distribution",
