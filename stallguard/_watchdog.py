@@ -667,8 +667,11 @@ class Watchdog(Generic[K]):
             rec = self._where.get(key)
             if rec is None:
                 if slot.terminal:
-                    if key not in self._gone:
+                    how = self._gone.get(key)
+                    if how is None:
                         self._bury(key, _CONCLUDED)
+                    elif how is _EXPIRED:  # the request was failed: its end comes late
+                        self._late += 1
                     return
                 if key in self._gone:
                     self._late += 1

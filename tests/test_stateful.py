@@ -81,7 +81,9 @@ class Model:
         terminal = state in self.spec.terminal
         rec = self.live.get(key)
         if rec is None:
-            if terminal:
+            if terminal and self.gone.get(key) is True:
+                self.late += 1  # the end of a request that was failed: too late
+            elif terminal:
                 self.bury(key, False)  # the terminal-first-sight rule
             elif key in self.gone:
                 self.late += 1

@@ -204,3 +204,27 @@ def test_a_describe_is_taken_whole_or_not_at_all(
     assert [dict(e.attributes) for e in got] == [{}, {}, {}]
     assert wd.snapshot().hook_errors == 3
     assert message in caplog.text
+
+
+# --------------------------------------------------------------------------- late events
+
+
+def test_a_terminal_event_after_a_forced_failure_is_a_late_event() -> None:
+    """Before: dropped without being counted (a soak sent 119,907 late events and
+    only 86,388 were counted: the Success ones were missing)."""
+    clock = FakeClock()
+    wd: sg.Watchdog[str] = sg.Watchdog(SPEC, clock=clock)
+    wd.observe("k", "X")
+    clock.advance(10)
+    assert [e.key for e in wd.check()] == ["k"]
+    wd.observe("k", "Done")  # the transfer thread's Success, too late
+    wd.observe("k", "X")
+    assert wd.snapshot().late_events == 2
+    assert wd.expired("k")  # still failed, still remembered as such
+    # a terminal state repeated for a request that ended normally is not late
+    wd.observe("j", "X")
+    wd.observe("j", "Done")
+    wd.observe("j", "Done")
+    wd.observe("new", "Done")  # terminal first sight: remembered, not late
+    wd.observe("new", "Done")
+    assert wd.snapshot().late_events == 2
