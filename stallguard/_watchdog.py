@@ -19,6 +19,9 @@ Design (docs/watchdog.md, "How it works", says more):
   :class:`~stallguard.ClockError`), and raised to the latest reading the watchdog has
   seen (``_latest``). So each FIFO is in time order by construction (an ``at=`` is raised
   to the FIFO's tail), and a progress window only ever extends.
+* A state without a state deadline has no state FIFO (nothing would ever drain it):
+  its requests are found through their records, and a record that left it is freed at
+  once.
 * ``_next_due`` is a lower bound on the earliest due time of any FIFO head (stale or
   not). It only moves down when something is appended, and is recomputed exactly after
   an expiry pass, so ``check()`` with nothing due is one clock read and one comparison.
@@ -221,9 +224,9 @@ class _Slot:
         self.deadline = deadline
         self.seconds: float | None = None if deadline is None else deadline.seconds
         self.stall: float | None = None if deadline is None else deadline.stall
-        #: every live request in this state, by start (the state clock when it has one)
+        #: the state deadline's FIFO (None: terminal, or no state deadline)
         self.timer: _Clock | None = (
-            None if self.terminal else _Clock(self.seconds or _INF, "state", _state_entry)
+            None if self.seconds is None else _Clock(self.seconds, "state", _state_entry)
         )
         self.stalls: _Clock | None = (
             None if self.stall is None else _Clock(self.stall, "stall", _stall_entry)
@@ -462,7 +465,7 @@ class Watchdog(Generic[K]):
         )
         # The clocks that can fire, in tie-break order: state deadlines, progress
         # windows, lifetime (the most specific reason first).
-        clocks = [s.timer for s in live if s.seconds is not None]
+        clocks = [s.timer for s in live if s.timer is not None]
         clocks += [s.stalls for s in live if s.stalls is not None]
         if self._life is not None:
             clocks.append(self._life)
@@ -1143,9 +1146,16 @@ class Watchdog(Generic[K]):
             counts: dict[_Slot, int] = dict.fromkeys(self._live, 0)
             for rec in self._where.values():
                 counts[rec.slot] += 1
+            # a state without a state deadline has no FIFO: its oldest from the records
+            free = {s: _INF for s in self._live if s.timer is None and counts[s]}
+            if free:
+                for rec in self._where.values():
+                    since = rec.since
+                    if rec.slot in free and since < free[rec.slot]:
+                        free[rec.slot] = since
             states: dict[str, StateSummary] = {}
             for slot in self._live:
-                oldest = self._oldest(slot)
+                oldest = free.get(slot) if slot.timer is None else self._oldest(slot)
                 states[slot.label] = StateSummary(
                     state=slot.state,
                     deadline=slot.deadline,
@@ -1223,10 +1233,8 @@ class Watchdog(Generic[K]):
                 sizes["lifetime"] = sum(map(self._life.valid, self._life.q))
             sizes["carried"] = len(self._carry)
             sizes["carried"] += len(self._carry_left)
-            queues = [s.timer for s in self._live] + [s.stalls for s in self._live]
-            queues.append(self._life)
             #: every FIFO entry, stale ones included
-            sizes["entries"] = sum(len(c.q) for c in queues if c is not None)
+            sizes["entries"] = sum(len(c.q) for c in self._clocks)
             return sizes
 
     def _in_time_order(self) -> bool:
