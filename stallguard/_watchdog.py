@@ -742,10 +742,12 @@ class Watchdog(Generic[K]):
                     if due < self._next_due:
                         self._next_due = due
                         woke = True
-        if left is not None:
-            self._notify_leave(left)
-        if woke and self._wake_listeners:
-            self._notify_wake()
+        try:
+            if left is not None:
+                self._notify_leave(left)
+        finally:  # (a BaseException from a leave listener wakes the runners all the same)
+            if woke and self._wake_listeners:
+                self._notify_wake()
 
     def heartbeat(self, key: K, *, at: float | None = None) -> bool:
         """Record progress for *key*: renews the progress (``stall``) window of its

@@ -284,3 +284,14 @@ def test_the_snapshot_still_sees_the_oldest_request_of_a_state_without_a_deadlin
     wd.observe("a", "Done")
     summary = wd.snapshot().states["Free"]
     assert (summary.count, summary.oldest_age) == (1, 5.0)
+
+
+def test_an_interrupting_leave_listener_still_lets_observe_wake_the_runners() -> None:
+    wd: sg.Watchdog[str] = sg.Watchdog(SPEC, clock=FakeClock())
+    woken: list[float | None] = []
+    wd.add_listener(on_leave=once(Interrupt))
+    wd.add_listener(on_earlier_deadline=lambda: woken.append(wd.next_deadline()))
+    wd.observe("k", "Y")
+    with pytest.raises(Interrupt):
+        wd.observe("k", "X")  # leaves Y (the listener raises), brings an earlier deadline
+    assert woken == [20.0, 10.0]
