@@ -378,6 +378,9 @@ class Watchdog(Generic[K]):
             override its fields.
         clock: returns the current time in seconds; must never go backwards. Defaults to
             :func:`time.monotonic`. Tests pass a :class:`stallguard.testing.FakeClock`.
+            Every reading is validated: one that is not a finite number raises
+            :class:`~stallguard.ClockError`, and one earlier than the latest reading
+            counts as the latest (time only moves forward inside the watchdog).
         mode: ``"enforce"`` (default) fails overdue requests; ``"report"`` only reports
             them (each request once per deadline), for a safe rollout.
         unknown_state: ``"raise"`` (default) raises :class:`~stallguard.UnknownStateError`
@@ -638,8 +641,10 @@ class Watchdog(Generic[K]):
         Raises:
             UnknownStateError: if *state* is not declared in the spec (or is not
                 hashable) and ``unknown_state="raise"``.
-            ValueError: if *at* is later than the clock's now, NaN or infinite.
+            ValueError: if *at* is later than the clock's now, NaN or infinite (also
+                when *state* is the key's current state, which changes nothing).
             TypeError: if *at* is not a number, or *key* is not hashable.
+            ClockError: if the clock returns something that is not a finite time.
         """
         try:
             slot = self._slots.get(state)
@@ -765,6 +770,7 @@ class Watchdog(Generic[K]):
         Raises:
             ValueError: if *at* is later than the clock's now, NaN or infinite.
             TypeError: if *at* is not a number, or *key* is not hashable.
+            ClockError: if the clock returns something that is not a finite time.
         """
         woke = False
         with self._lock:
@@ -906,9 +912,11 @@ class Watchdog(Generic[K]):
         exactly once. In ``"report"`` mode it stays tracked and is handed to the
         listeners and the instrumentation hooks once per deadline. A hook that raises an
         ``Exception`` is logged and counted; it never stops the check or loses another
-        expiry. A hook that raises a ``BaseException`` (``KeyboardInterrupt``,
-        ``SystemExit``) propagates it, and the expiries (and hooks) it interrupted are
-        delivered, and returned, by the next ``check()``: none is lost.
+        expiry. A ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) raised by
+        a hook, a listener or ``describe`` propagates at once, and what it interrupted
+        (the expiries with the hooks they had not reached, the leave notifications not
+        made) is delivered by the next ``check()``, which also returns every expiry of
+        the interrupted one: none is lost.
 
         Cheap when nothing is due: one clock read and one comparison.
 
@@ -1139,7 +1147,12 @@ class Watchdog(Generic[K]):
 
     def snapshot(self, *, requests: bool = True, now: float | None = None) -> Snapshot[K]:
         """A consistent view: per-state counts and oldest age, and (with *requests*)
-        every tracked request with its state and time in state. O(tracked)."""
+        every tracked request with its state and time in state. O(tracked).
+
+        Raises:
+            ClockError: if *now* is None and the clock returns something that is not a
+                finite time.
+        """
         if now is not None:
             now = _check_time("now", now)
         with self._lock:
