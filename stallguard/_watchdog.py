@@ -28,8 +28,10 @@ Design (docs/watchdog.md, "How it works", says more):
 * No thread, task or timer exists per request; expiries are decided in ``check()``,
   where the owner of the requests can act on them. Hooks and listeners never run while
   the watchdog holds its lock. A ``BaseException`` raised by one of them interrupts the
-  delivery; what is left of it is carried (``_carry``, ``_carry_left``) to the next
-  ``check()``.
+  delivery; what is left of it is carried (``_carry``) to the next ``check()``.
+* A watchdog keeps at most 29 instance attributes: CPython 3.11 keeps an instance's
+  attributes in its class's shared-key table up to that many, and every attribute load
+  is slower past it (tests/test_watchdog.py checks the count).
 """
 
 from __future__ import annotations
@@ -452,7 +454,6 @@ class Watchdog(Generic[K]):
         self._describe_hooks: tuple[Callable[[Expiry[K]], object], ...] = (
             () if describe is None else (_describe_hook(describe),)
         )
-        self._raise_unknown = options.unknown_state == "raise"
         self._memory = options.memory
 
         self._slots: dict[State, _Slot] = {}
@@ -462,7 +463,6 @@ class Watchdog(Generic[K]):
             self._slots[state] = _Slot(state, None)
         live = [s for s in self._slots.values() if not s.terminal]
         self._live: tuple[_Slot, ...] = tuple(live)
-        self._lifetime = spec.lifetime
         self._life: _Clock | None = (
             None if spec.lifetime is None else _Clock(spec.lifetime, "lifetime", _life_entry)
         )
@@ -493,9 +493,8 @@ class Watchdog(Generic[K]):
                 slot.hist = self._stats.hist(slot.state)
         # what an interrupted delivery had not finished, for the next check(): expiries
         # with the rest of their plan (those fully delivered with none: each is still
-        # returned), and leave notifications with the rest of theirs
-        self._carry: list[tuple[Expiry[K], _Plan]] = []
-        self._carry_left: list[tuple[tuple[str, float], _Plan]] = []
+        # returned), and leave notifications ((label, seconds)) with the rest of theirs
+        self._carry: list[tuple[Expiry[K] | tuple[str, float], _Plan]] = []
         self._listeners: tuple[Listener, ...] = ()
         #: who sees an expiry (cached until the listeners or instrumentation hooks change)
         self._plan = _Plan((), ())
@@ -952,12 +951,17 @@ class Watchdog(Generic[K]):
                     self._latest = now
                 else:
                     now = self._read(now)
-            carried = self._carry
-            carried_left = self._carry_left
-            if carried or carried_left:
+            carry = self._carry
+            if carry:
                 self._carry = []
-                self._carry_left = []
             expiries, left = self._collect(now)
+        carried: list[tuple[Expiry[K], _Plan]] = []
+        carried_left: list[tuple[tuple[str, float], _Plan]] = []
+        for item in carry:  # (rarely any)
+            if item[0].__class__ is tuple:
+                carried_left.append(item)  # type: ignore[arg-type]
+            else:
+                carried.append(item)  # type: ignore[arg-type]
         returned = expiries
         work: list[tuple[Expiry[K], _Plan]] | None = None
         if carried:
@@ -992,7 +996,7 @@ class Watchdog(Generic[K]):
         becomes overdue, or None if no deadline is pending."""
         with self._lock:
             due = self._exact_due()
-            self._next_due = -_INF if self._carry or self._carry_left else due
+            self._next_due = -_INF if self._carry else due
         return None if due == _INF else due
 
     def expired(self, key: K) -> bool:
@@ -1247,7 +1251,6 @@ class Watchdog(Generic[K]):
             if self._life is not None:
                 sizes["lifetime"] = sum(map(self._life.valid, self._life.q))
             sizes["carried"] = len(self._carry)
-            sizes["carried"] += len(self._carry_left)
             #: every FIFO entry, stale ones included
             sizes["entries"] = sum(len(c.q) for c in self._clocks)
             return sizes
@@ -1322,7 +1325,7 @@ class Watchdog(Generic[K]):
         return oldest
 
     def _unknown_state(self, key: K, state: object) -> None:
-        if self._raise_unknown:
+        if self._options.unknown_state == "raise":
             raise UnknownStateError(
                 self._spec.name, key, state, tuple(s.label for s in self._slots.values())
             )
@@ -1518,8 +1521,7 @@ class Watchdog(Generic[K]):
                     left, plan = leaves[k]
                     rest_left = [(left, plan.after(m)), *leaves[k + 1 :]]
         with self._lock:
-            self._carry[:0] = rest
-            self._carry_left[:0] = rest_left
+            self._carry[:0] = [*rest, *rest_left]
             self._next_due = -_INF  # the next check() delivers them
 
     def _withdraw(self, expiry: Expiry[K]) -> None:
@@ -1561,7 +1563,7 @@ class Watchdog(Generic[K]):
                     self._hook_failed(listener, None)
         except BaseException:
             with self._lock:
-                self._carry_left.append((left, plan.after(m)))
+                self._carry.append((left, plan.after(m)))
                 self._next_due = -_INF
             raise
 
