@@ -296,6 +296,7 @@ class _Plan:
 
 
 _NOBODY = _Plan((), ())
+_NONE: Any = ()  # an empty sequence that costs no allocation
 
 
 def _describe_hook(describe: Callable[[Any], Mapping[str, Any]]) -> Callable[[Expiry[Any]], None]:
@@ -955,13 +956,11 @@ class Watchdog(Generic[K]):
             if carry:
                 self._carry = []
             expiries, left = self._collect(now)
-        carried: list[tuple[Expiry[K], _Plan]] = []
-        carried_left: list[tuple[tuple[str, float], _Plan]] = []
-        for item in carry:  # (rarely any)
-            if item[0].__class__ is tuple:
-                carried_left.append(item)  # type: ignore[arg-type]
-            else:
-                carried.append(item)  # type: ignore[arg-type]
+        carried: list[tuple[Expiry[K], _Plan]] = _NONE
+        carried_left: list[tuple[tuple[str, float], _Plan]] = _NONE
+        if carry:  # (rarely): expiries, and leave notifications ((label, seconds) tuples)
+            carried = [x for x in carry if x[0].__class__ is not tuple]  # type: ignore[misc]
+            carried_left = [x for x in carry if x[0].__class__ is tuple]  # type: ignore[misc]
         returned = expiries
         work: list[tuple[Expiry[K], _Plan]] | None = None
         if carried:
