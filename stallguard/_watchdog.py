@@ -672,7 +672,10 @@ class Watchdog(Generic[K]):
                 now = self._read(now)
             if at is not None:
                 now = _check_at(at, now)
-            rec = self._where.get(key)
+            if rec is None or rec.gen == _DEAD:
+                # (a record still alive under the lock is still the key's: only untrack
+                # removes one, and it marks it dead first)
+                rec = self._where.get(key)
             if rec is None:
                 if slot.terminal:
                     how = self._gone.get(key)
@@ -794,8 +797,9 @@ class Watchdog(Generic[K]):
                 if now <= rec.beat:  # a window only ever extends (one entry per start)
                     return True
                 rec.beat = now
-                stalls.q.append((now, rec, rec.gen))
-                if len(stalls.q) > stalls.limit:
+                q = stalls.q
+                q.append((now, rec, rec.gen))
+                if len(q) > stalls.limit:
                     stalls.compact()
                 due = now + stalls.seconds
                 if due < self._next_due:
