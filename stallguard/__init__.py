@@ -19,7 +19,7 @@ from ._config import (
     parse_deadlines,
 )
 from ._details import CONCLUDED, Expiry, Mode, Reason, Snapshot, StateSummary, TrackedRequest
-from ._errors import ConfigError, StallguardError, UnknownStateError
+from ._errors import ClockError, ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
 from ._quarantine import PROOFS, Hold, PeerHolds, Quarantine, QuarantineSnapshot
 from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watching
@@ -34,6 +34,7 @@ __all__ = [
     "CONCLUDED",
     "Advice",
     "AsyncWait",
+    "ClockError",
     "ConfigError",
     "Deadline",
     "Distribution",

@@ -154,7 +154,8 @@ class Snapshot(Generic[K]):
     expired: int
     #: Exceptions raised by hooks (logged, never propagated).
     hook_errors: int
-    #: Events dropped because their key had already concluded (a late ``observe``).
+    #: Events dropped because their key had already concluded (a late ``observe``: any
+    #: state after the key concluded, and a terminal state after it was force-failed).
     late_events: int
     #: Runner loops (``WatchdogThread``, ``run_watchdog``) ended by an error: each one
     #: also logged at ERROR; see docs/runners.md.

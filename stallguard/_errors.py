@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "StallguardError", "UnknownStateError"]
+__all__ = ["ClockError", "ConfigError", "StallguardError", "UnknownStateError"]
 
 
 class StallguardError(Exception):
@@ -15,6 +15,29 @@ class ConfigError(StallguardError, ValueError):
     The message names the offending field (and, for files, the file and key)
     and the bad value, and says what would be accepted instead.
     """
+
+
+class ClockError(StallguardError, ValueError):
+    """A watchdog's clock returned something that is not a time: not a real number
+    (``None``, a string, a ``datetime``, a bool), NaN, infinite, or an integer too large
+    for a float.
+
+    Raised by the watchdog method that read it (:meth:`~stallguard.Watchdog.observe`,
+    :meth:`~stallguard.Watchdog.heartbeat`, :meth:`~stallguard.Watchdog.forget`,
+    :meth:`~stallguard.Watchdog.snapshot`, and a :meth:`~stallguard.Watchdog.check` that
+    may expire something), before it changed anything: a bad reading is never taken
+    for a time, so it never expires a request. The message names the watchdog's spec,
+    the clock and the reading.
+    """
+
+    def __init__(self, spec: str, clock: object, reading: object, problem: str) -> None:
+        self.spec = spec
+        self.clock = clock
+        self.reading = reading
+        super().__init__(
+            f"the clock of watchdog {spec!r} ({clock!r}) returned {problem}; a clock "
+            "must return a finite number of seconds (time.monotonic() does)"
+        )
 
 
 class UnknownStateError(StallguardError, ValueError):

@@ -53,6 +53,7 @@ class WatchdogOptions:
             so that a late event for them is dropped instead of re-tracking the request.
         clock: returns the current time in seconds and never goes backwards
             (:func:`time.monotonic`; tests pass a :class:`stallguard.testing.FakeClock`).
+            The watchdog validates every reading (:class:`~stallguard.ClockError`).
         statistics: record time in state per state, and the requests each deadline
             fired (or would have fired) on, for :meth:`~stallguard.Watchdog.statistics`
             and :meth:`~stallguard.Watchdog.advice` (docs/advice.md): one histogram per

@@ -17,7 +17,9 @@ signal.
 
 Neither runs a timer per request. The waker that the watchdog calls (from any thread,
 never under its lock) only sets a flag and, from a foreign thread, posts one non-blocking call
-to the event loop; it never calls back into the watchdog.
+to the event loop; it never calls back into the watchdog. Runners are listeners of the
+watchdog, so several may run one watchdog (each check() is atomic: every request still
+expires once).
 """
 
 from __future__ import annotations
@@ -196,14 +198,16 @@ async def run_watchdog(
     Works on asyncio and trio. ``on_expire`` and the instrumentation hooks run on this
     task, in the event loop's thread, so they may schedule work on the loop directly.
 
-    If the loop fails (``check()`` or *wait* raising an :class:`Exception`), the error is
-    logged at ERROR at once, counted in the watchdog's ``snapshot().runner_errors`` (and
-    the ``stallguard.runner.errors`` metric), and propagates to the task group. A single
-    wait is never longer than ``ASYNC_WAIT_MAX`` seconds; a later deadline is waited
-    for in several rounds.
+    If the loop fails (``check()`` or *wait* raising, also a ``SystemExit`` or
+    ``KeyboardInterrupt`` from an ``on_expire`` hook: anything but cancellation), the
+    error is logged at ERROR at once, counted in the watchdog's
+    ``snapshot().runner_errors`` (and the ``stallguard.runner.errors`` metric), and
+    propagates to the task group. A single wait is never longer than
+    ``ASYNC_WAIT_MAX`` seconds; a later deadline is waited for in several rounds.
 
     Args:
-        watchdog: the watchdog to run. One runner per watchdog.
+        watchdog: the watchdog to run. Any number of runners may run one watchdog
+            (each request still expires once), but one is all it needs.
         wait: how to wait (for tests): ``await wait(wake, timeout)`` returns once the
             :class:`anyio.Event` *wake* is set or *timeout* seconds on the watchdog's clock
             have passed (``None``: no timeout). The default waits in real time with
@@ -245,7 +249,9 @@ async def run_watchdog(
                 await wait(wake, min(timeout, ASYNC_WAIT_MAX))
             else:  # already due (a slow hook, or a coarse timer): check again, cancellably
                 await anyio.lowlevel.checkpoint()
-    except Exception as exc:  # cancellation is a BaseException: it passes untouched
+    except anyio.get_cancelled_exc_class():  # cancelled: stopped, not failed
+        raise
+    except BaseException as exc:  # also SystemExit or KeyboardInterrupt from a hook
         _runner_failed(watchdog, "run_watchdog()", exc)
         raise
     finally:
@@ -307,7 +313,7 @@ class WatchdogThread:
     The thread sleeps until :meth:`Watchdog.next_deadline`, runs
     :meth:`Watchdog.check`, and sleeps again; an earlier deadline, from any thread,
     wakes it at once. ``on_expire`` and the instrumentation hooks run on this thread.
-    One thread per watchdog, never one per request.
+    One thread per runner, never one per request.
 
     If anything ends the thread other than :meth:`stop` (``check()`` or *wait* raising,
     an ``on_expire`` raising ``SystemExit``...), the error is logged at ERROR at once,
@@ -318,7 +324,8 @@ class WatchdogThread:
     A stopped runner can be started again (a new thread, same watchdog).
 
     Args:
-        watchdog: the watchdog to run. One runner per watchdog.
+        watchdog: the watchdog to run. Any number of runners may run one watchdog
+            (each request still expires once), but one is all it needs.
         name: the thread's name (default ``"stallguard-<spec name>"``).
         daemon: make it a daemon thread, so that a runner nobody stopped does not keep
             the process alive at exit (default True).

@@ -14,20 +14,34 @@ Design (docs/watchdog.md, "How it works", says more):
   live entries plus a constant). A state change is therefore two attribute writes and
   one ``deque.append``; a request that lives milliseconds against deadlines of tens of
   seconds is never visited again.
+* **Time only moves forward.** Every clock reading that is appended is taken under the
+  lock, where the order of the FIFOs is decided, validated (a finite number, else
+  :class:`~stallguard.ClockError`), and raised to the latest reading the watchdog has
+  seen (``_latest``). So each FIFO is in time order by construction (an ``at=`` is raised
+  to the FIFO's tail), and a progress window only ever extends.
+* A state without a state deadline has no state FIFO (nothing would ever drain it):
+  its requests are found through their records, and a record that left it is freed at
+  once.
 * ``_next_due`` is a lower bound on the earliest due time of any FIFO head (stale or
   not). It only moves down when something is appended, and is recomputed exactly after
   an expiry pass, so ``check()`` with nothing due is one clock read and one comparison.
 * No thread, task or timer exists per request; expiries are decided in ``check()``,
   where the owner of the requests can act on them. Hooks and listeners never run while
-  the watchdog holds its lock.
+  the watchdog holds its lock. A ``BaseException`` raised by one of them interrupts the
+  delivery; what is left of it is carried (``_carry``) to the next ``check()``.
+* A watchdog keeps at most 29 instance attributes: CPython 3.11 keeps an instance's
+  attributes in its class's shared-key table up to that many, and every attribute load
+  is slower past it (tests/test_watchdog.py checks the count).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import operator
+import sys
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -37,10 +51,11 @@ import attrs
 
 from . import _registry
 from ._details import CONCLUDED, Expiry, Mode, Snapshot, StateSummary, TrackedRequest
-from ._errors import ConfigError, StallguardError, UnknownStateError
+from ._errors import ClockError, ConfigError, StallguardError, UnknownStateError
 from ._options import WatchdogOptions
 from ._spec import Spec, State, state_label
 from ._stats import Statistics, StatsRecorder
+from ._validate import _show
 
 if TYPE_CHECKING:
     from ._advice import Advice
@@ -55,6 +70,9 @@ R = TypeVar("R")
 
 _MISSING: Any = object()
 _INF = math.inf
+#: where ``Watchdog._latest`` starts: below every finite reading, and not -inf (so that
+#: ``latest <= reading < inf``, the fast path's test, refuses -inf, NaN and +inf)
+_EARLIEST = -sys.float_info.max
 _EXPIRED = True  # tombstone value: the key was force-failed (enforce mode)
 _CONCLUDED = False  # tombstone value: terminal state, forget(), or reported-then-ended
 _DEAD = -1  # a record's generation once it is untracked: every FIFO entry for it is stale
@@ -208,9 +226,9 @@ class _Slot:
         self.deadline = deadline
         self.seconds: float | None = None if deadline is None else deadline.seconds
         self.stall: float | None = None if deadline is None else deadline.stall
-        #: every live request in this state, by start (the state clock when it has one)
+        #: the state deadline's FIFO (None: terminal, or no state deadline)
         self.timer: _Clock | None = (
-            None if self.terminal else _Clock(self.seconds or _INF, "state", _state_entry)
+            None if self.seconds is None else _Clock(self.seconds, "state", _state_entry)
         )
         self.stalls: _Clock | None = (
             None if self.stall is None else _Clock(self.stall, "stall", _stall_entry)
@@ -235,6 +253,52 @@ class Listener:
         return self.watchdog.remove_listener(self)
 
 
+#: the owner mark of an enforcement hook (the constructor's ``on_expire``) in a plan:
+#: the only hooks whose :data:`~stallguard.CONCLUDED` withdraws an expiry
+_ENFORCE: Any = object()
+
+
+class _Plan:
+    """Who is handed an expiry (or a leave notification), in order: ``hooks``, and each
+    one's owner: ``_ENFORCE`` for an enforcement hook, the :class:`Listener` it belongs
+    to, or None (``describe``, the instrumentation hooks). Positions, not identities,
+    say which hooks enforce: the same callable may also listen, and withdraws nothing
+    there. A delivery that a ``BaseException`` interrupts goes on, at the next check,
+    with the rest of its plan (:meth:`after`), less the listeners removed meanwhile
+    (:meth:`without`)."""
+
+    __slots__ = ("active", "hooks", "listeners", "owners")
+
+    def __init__(
+        self,
+        hooks: tuple[Callable[..., object], ...],
+        owners: tuple[object, ...],
+        listeners: object = None,
+        active: object = None,
+    ) -> None:
+        self.hooks = hooks
+        self.owners = owners
+        #: what a cached plan was made from: it holds while both are still current
+        self.listeners = listeners
+        self.active = active
+
+    def after(self, done: int) -> _Plan:
+        """The plan past its hook number *done* (-1: the whole plan)."""
+        return _Plan(self.hooks[done + 1 :], self.owners[done + 1 :])
+
+    def without(self, listeners: tuple[Listener, ...]) -> _Plan:
+        """The plan less the hooks of every listener that is not in *listeners*."""
+        owners = self.owners
+        keep = [n for n, o in enumerate(owners) if not isinstance(o, Listener) or o in listeners]
+        if len(keep) == len(owners):
+            return self
+        return _Plan(tuple(self.hooks[n] for n in keep), tuple(owners[n] for n in keep))
+
+
+_NOBODY = _Plan((), ())
+_NONE: Any = ()  # an empty sequence that costs no allocation
+
+
 def _describe_hook(describe: Callable[[Any], Mapping[str, Any]]) -> Callable[[Expiry[Any]], None]:
     """The first hook of every expiry of a watchdog with ``describe=``: adds what
     *describe* says of the key to the expiry's attributes (a fresh dict of that expiry's
@@ -244,10 +308,12 @@ def _describe_hook(describe: Callable[[Any], Mapping[str, Any]]) -> Callable[[Ex
         described = describe(expiry.key)
         if not isinstance(described, Mapping):
             raise TypeError(f"describe() must return a mapping, got {described!r}")
-        attributes = cast("dict[str, Any]", expiry.attributes)  # the watchdog's own dict
-        for name, value in described.items():
+        items = list(described.items())  # all of it, or (if that raises) none of it
+        for name, _ in items:
             if not isinstance(name, str):
                 raise TypeError(f"attribute names must be strings, got {name!r}")
+        attributes = cast("dict[str, Any]", expiry.attributes)  # the watchdog's own dict
+        for name, value in items:
             attributes.setdefault(name, value)
 
     describe_key.__qualname__ = f"describe ({getattr(describe, '__qualname__', describe)!s})"
@@ -315,6 +381,9 @@ class Watchdog(Generic[K]):
             override its fields.
         clock: returns the current time in seconds; must never go backwards. Defaults to
             :func:`time.monotonic`. Tests pass a :class:`stallguard.testing.FakeClock`.
+            Every reading is validated: one that is not a finite number raises
+            :class:`~stallguard.ClockError`, and one earlier than the latest reading
+            counts as the latest (time only moves forward inside the watchdog).
         mode: ``"enforce"`` (default) fails overdue requests; ``"report"`` only reports
             them (each request once per deadline), for a safe rollout.
         unknown_state: ``"raise"`` (default) raises :class:`~stallguard.UnknownStateError`
@@ -386,7 +455,6 @@ class Watchdog(Generic[K]):
         self._describe_hooks: tuple[Callable[[Expiry[K]], object], ...] = (
             () if describe is None else (_describe_hook(describe),)
         )
-        self._raise_unknown = options.unknown_state == "raise"
         self._memory = options.memory
 
         self._slots: dict[State, _Slot] = {}
@@ -396,13 +464,12 @@ class Watchdog(Generic[K]):
             self._slots[state] = _Slot(state, None)
         live = [s for s in self._slots.values() if not s.terminal]
         self._live: tuple[_Slot, ...] = tuple(live)
-        self._lifetime = spec.lifetime
         self._life: _Clock | None = (
             None if spec.lifetime is None else _Clock(spec.lifetime, "lifetime", _life_entry)
         )
         # The clocks that can fire, in tie-break order: state deadlines, progress
         # windows, lifetime (the most specific reason first).
-        clocks = [s.timer for s in live if s.seconds is not None]
+        clocks = [s.timer for s in live if s.timer is not None]
         clocks += [s.stalls for s in live if s.stalls is not None]
         if self._life is not None:
             clocks.append(self._life)
@@ -411,6 +478,8 @@ class Watchdog(Generic[K]):
         self._where: dict[K, _Rec] = {}
         self._gone: OrderedDict[K, bool] = OrderedDict()
         self._next_due = _INF
+        #: the latest clock reading taken under the lock: a later one is never earlier
+        self._latest = _EARLIEST
         self._lock = threading.Lock()
         self._expired = 0
         self._hook_errors = 0
@@ -423,10 +492,14 @@ class Watchdog(Generic[K]):
         if self._stats is not None:
             for slot in live:
                 slot.hist = self._stats.hist(slot.state)
-        # expiries an interrupted check() could not hand to every hook: (expiry, hooks)
-        self._carry: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]] = []
+        # what an interrupted delivery had not finished, for the next check(): expiries
+        # with the rest of their plan (those fully delivered with none: each is still
+        # returned), and leave notifications ((label, seconds)) with the rest of theirs
+        self._carry: list[tuple[Expiry[K] | tuple[str, float], _Plan]] = []
         self._listeners: tuple[Listener, ...] = ()
-        self._expire_listeners: tuple[Callable[[Expiry[K]], object], ...] = ()
+        #: who sees an expiry (cached until the listeners or instrumentation hooks change)
+        self._plan = _Plan((), ())
+        self._leave_plan = _Plan((), ())
         self._leave_listeners: tuple[Callable[[str, float], object], ...] = ()
         self._wake_listeners: tuple[Callable[[], object], ...] = ()
         _registry.register_watchdog(self)
@@ -516,12 +589,32 @@ class Watchdog(Generic[K]):
             return True
 
     def _set_listeners(self, listeners: tuple[Listener, ...]) -> None:
-        self._listeners = listeners
-        self._expire_listeners = tuple(x.on_expire for x in listeners if x.on_expire)
-        self._leave_listeners = tuple(x.on_leave for x in listeners if x.on_leave)
+        leaving = [(x, x.on_leave) for x in listeners if x.on_leave is not None]
+        self._leave_plan = _Plan(tuple(fn for _, fn in leaving), tuple(x for x, _ in leaving))
+        self._leave_listeners = self._leave_plan.hooks
         self._wake_listeners = tuple(
             x.on_earlier_deadline for x in listeners if x.on_earlier_deadline
         )
+        self._listeners = listeners  # last: the expiry plan is remade when it changes
+
+    def _expire_plan(self) -> _Plan:
+        """Who sees this check's expiries: ``describe``, the enforcement hooks (enforce
+        mode), the listeners, the instrumentation hooks (cached)."""
+        active = _registry.active_hooks()
+        plan = self._plan
+        listeners = self._listeners
+        if plan.listeners is listeners and plan.active is active:
+            return plan
+        handles = tuple(x for x in listeners if x.on_expire is not None)
+        enforce = self._enforce_hooks if self._mode == "enforce" else ()
+        describe = self._describe_hooks
+        plan = self._plan = _Plan(
+            describe + enforce + tuple(x.on_expire for x in handles) + active,
+            (None,) * len(describe) + (_ENFORCE,) * len(enforce) + handles + (None,) * len(active),
+            listeners,
+            active,
+        )
+        return plan
 
     # ------------------------------------------------------------------ state changes
 
@@ -548,8 +641,10 @@ class Watchdog(Generic[K]):
         Raises:
             UnknownStateError: if *state* is not declared in the spec (or is not
                 hashable) and ``unknown_state="raise"``.
-            ValueError: if *at* is later than the clock's now, NaN or infinite.
+            ValueError: if *at* is later than the clock's now, NaN or infinite (also
+                when *state* is the key's current state, which changes nothing).
             TypeError: if *at* is not a number, or *key* is not hashable.
+            ClockError: if the clock returns something that is not a finite time.
         """
         try:
             slot = self._slots.get(state)
@@ -563,18 +658,31 @@ class Watchdog(Generic[K]):
             self._unknown_state(key, state)
             return
         if rec is not None and rec.slot is slot:  # same state again: nothing to do
+            if at is not None:
+                self._same_state_at(at)
             return
-        now = self._clock()
-        if at is not None:
-            now = _check_at(at, now)
         left: tuple[str, float] | None = None
         woke = False
         with self._lock:
-            rec = self._where.get(key)
+            # Read under the lock, where the FIFOs' order is decided (see _read).
+            now = self._clock()
+            if now.__class__ is float and self._latest <= now < _INF:
+                self._latest = now
+            else:
+                now = self._read(now)
+            if at is not None:
+                now = _check_at(at, now)
+            if rec is None or rec.gen == _DEAD:
+                # (a record still alive under the lock is still the key's: only untrack
+                # removes one, and it marks it dead first)
+                rec = self._where.get(key)
             if rec is None:
                 if slot.terminal:
-                    if key not in self._gone:
+                    how = self._gone.get(key)
+                    if how is None:
                         self._bury(key, _CONCLUDED)
+                    elif how is _EXPIRED:  # the request was failed: its end comes late
+                        self._late += 1
                     return
                 if key in self._gone:
                     self._late += 1
@@ -614,21 +722,22 @@ class Watchdog(Generic[K]):
                 else:
                     rec.slot = slot
             if rec is not None:
-                timer: _Clock = slot.timer  # type: ignore[assignment]
-                q = timer.q
-                start = now
-                if at is not None and q and q[-1][0] > now:
-                    start = q[-1][0]
                 gen = rec.gen + 1
                 rec.gen = gen
+                start = now
+                timer = slot.timer
+                if timer is not None:
+                    q = timer.q
+                    if at is not None and q and q[-1][0] > now:
+                        start = q[-1][0]
+                    q.append((start, rec, gen))
+                    if len(q) > timer.limit:
+                        timer.compact()
+                    due = start + timer.seconds
+                    if due < self._next_due:
+                        self._next_due = due
+                        woke = True
                 rec.since = start
-                q.append((start, rec, gen))
-                if len(q) > timer.limit:
-                    timer.compact()
-                due = start + timer.seconds
-                if due < self._next_due:
-                    self._next_due = due
-                    woke = True
                 stalls = slot.stalls
                 if stalls is not None:
                     if at is not None:
@@ -641,10 +750,12 @@ class Watchdog(Generic[K]):
                     if due < self._next_due:
                         self._next_due = due
                         woke = True
-        if left is not None:
-            self._notify_leave(left)
-        if woke and self._wake_listeners:
-            self._notify_wake()
+        try:
+            if left is not None:
+                self._notify_leave(left)
+        finally:  # (a BaseException from a leave listener wakes the runners all the same)
+            if woke and self._wake_listeners:
+                self._notify_wake()
 
     def heartbeat(self, key: K, *, at: float | None = None) -> bool:
         """Record progress for *key*: renews the progress (``stall``) window of its
@@ -662,12 +773,17 @@ class Watchdog(Generic[K]):
         Raises:
             ValueError: if *at* is later than the clock's now, NaN or infinite.
             TypeError: if *at* is not a number, or *key* is not hashable.
+            ClockError: if the clock returns something that is not a finite time.
         """
-        now = self._clock()
-        if at is not None:
-            now = _check_at(at, now)
         woke = False
         with self._lock:
+            now = self._clock()  # under the lock, as in observe()
+            if now.__class__ is float and self._latest <= now < _INF:
+                self._latest = now
+            else:
+                now = self._read(now)
+            if at is not None:
+                now = _check_at(at, now)
             try:
                 rec = self._where.get(key)
             except TypeError:
@@ -677,12 +793,13 @@ class Watchdog(Generic[K]):
             stalls = rec.slot.stalls
             if stalls is not None:
                 if at is not None:
-                    now = max(now, stalls.tail(), rec.beat)  # never shorten a window
-                if now == rec.beat:  # nothing renewed (and one entry per window start)
+                    now = max(now, stalls.tail())  # the FIFO stays in time order
+                if now <= rec.beat:  # a window only ever extends (one entry per start)
                     return True
                 rec.beat = now
-                stalls.q.append((now, rec, rec.gen))
-                if len(stalls.q) > stalls.limit:
+                q = stalls.q
+                q.append((now, rec, rec.gen))
+                if len(q) > stalls.limit:
                     stalls.compact()
                 due = now + stalls.seconds
                 if due < self._next_due:
@@ -704,6 +821,7 @@ class Watchdog(Generic[K]):
 
         Raises:
             TypeError: if *key* is not hashable.
+            ClockError: if the clock returns something that is not a finite time.
         """
         left: tuple[str, float] | None = None
         with self._lock:
@@ -717,10 +835,15 @@ class Watchdog(Generic[K]):
                 elif key not in self._gone:
                     self._bury(key, _CONCLUDED)
                 return False
+            now = self._clock()  # (read before anything changes: it may be refused)
+            if now.__class__ is float and self._latest <= now < _INF:
+                self._latest = now
+            else:
+                now = self._read(now)
             slot = rec.slot
             if slot.parked:
                 slot.parked.pop(rec, None)
-            seconds = self._clock() - rec.since
+            seconds = now - rec.since
             if self._leave_listeners:
                 left = (slot.label, seconds)
             stats = self._stats
@@ -793,9 +916,11 @@ class Watchdog(Generic[K]):
         exactly once. In ``"report"`` mode it stays tracked and is handed to the
         listeners and the instrumentation hooks once per deadline. A hook that raises an
         ``Exception`` is logged and counted; it never stops the check or loses another
-        expiry. A hook that raises a ``BaseException`` (``KeyboardInterrupt``,
-        ``SystemExit``) propagates it, and the expiries (and hooks) it interrupted are
-        delivered, and returned, by the next ``check()``: none is lost.
+        expiry. A ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) raised by
+        a hook, a listener or ``describe`` propagates at once, and what it interrupted
+        (the expiries with the hooks they had not reached, the leave notifications not
+        made) is delivered by the next ``check()``, which also returns every expiry of
+        the interrupted one: none is lost.
 
         Cheap when nothing is due: one clock read and one comparison.
 
@@ -806,44 +931,75 @@ class Watchdog(Generic[K]):
         Raises:
             ValueError: if *now* is NaN or infinite.
             TypeError: if *now* is not a number.
+            ClockError: if the clock returns something that is not a finite time (and
+                something may be due: with nothing due, the reading is only compared).
         """
-        now = self._clock() if now is None else _check_time("now", now)
+        if now is None:
+            now = self._clock()
+            try:
+                if now < self._next_due:  # NaN is never less: it goes on to be refused
+                    return []
+            except TypeError:  # not even comparable: refused by _expire
+                pass
+            return self._expire(now, True)
+        now = _check_time("now", now)
         if now < self._next_due:
             return []
-        return self._expire(now)
+        return self._expire(now, False)
 
-    def _expire(self, now: float) -> list[Expiry[K]]:
+    def _expire(self, now: Any, reading: bool) -> list[Expiry[K]]:
         """check()'s work once something may be due (kept out of check() so that the
-        idle path stays one comparison)."""
+        idle path stays one comparison). *reading*: *now* is the clock's, unchecked."""
         with self._lock:
-            carried = self._carry
-            if carried:
+            if reading:
+                if now.__class__ is float and self._latest <= now < _INF:
+                    self._latest = now
+                else:
+                    now = self._read(now)
+            carry = self._carry
+            if carry:
                 self._carry = []
             expiries, left = self._collect(now)
-        work: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]] = carried
-        if expiries:
-            hooks = self._expire_listeners + _registry.active_hooks()
-            if self._mode == "enforce":
-                hooks = self._enforce_hooks + hooks
-            hooks = self._describe_hooks + hooks
-            if hooks or carried:
-                work = [*carried, *[(e, hooks) for e in expiries]]
-        withdrawn = self._dispatch(work) if work else None
-        if left:
-            for item in left:
-                self._notify_leave(item)
+        carried: list[tuple[Expiry[K], _Plan]] = _NONE
+        carried_left: list[tuple[tuple[str, float], _Plan]] = _NONE
+        if carry:  # (rarely): expiries, and leave notifications ((label, seconds) tuples)
+            carried = [x for x in carry if x[0].__class__ is not tuple]  # type: ignore[misc]
+            carried_left = [x for x in carry if x[0].__class__ is tuple]  # type: ignore[misc]
+        returned = expiries
+        work: list[tuple[Expiry[K], _Plan]] | None = None
         if carried:
-            expiries = [e for e, _ in work]
+            listeners = self._listeners
+            work = [(e, plan.without(listeners)) for e, plan in carried]
+            returned = [e for e, _ in carried]
+            returned += expiries
+        if expiries:
+            plan = self._expire_plan()
+            if plan.hooks:
+                if work is None:
+                    work = [(e, plan) for e in expiries]
+                else:
+                    work += [(e, plan) for e in expiries]
+            elif work is not None:
+                work += [(e, _NOBODY) for e in expiries]
+        leaves: list[tuple[tuple[str, float], _Plan]] | None = None
+        if left or carried_left:
+            listeners = self._listeners
+            leaves = [(x, plan.without(listeners)) for x, plan in carried_left]
+            plan = self._leave_plan
+            leaves += [(x, plan) for x in left]
+        if work is None and leaves is None:
+            return returned
+        withdrawn = self._deliver(work or [], leaves or [], returned)
         if withdrawn:
-            return [e for e in expiries if id(e) not in withdrawn]
-        return expiries
+            return [e for e in returned if id(e) not in withdrawn]
+        return returned
 
     def next_deadline(self) -> float | None:
         """The earliest time (on the watchdog's clock) at which a tracked request
         becomes overdue, or None if no deadline is pending."""
         with self._lock:
             due = self._exact_due()
-            self._next_due = due if not self._carry else -_INF
+            self._next_due = -_INF if self._carry else due
         return None if due == _INF else due
 
     def expired(self, key: K) -> bool:
@@ -932,6 +1088,7 @@ class Watchdog(Generic[K]):
         )
         gone = self._gone
         observe = self.observe
+        expire = self._expire
         clock = self._clock
 
         def decorate(fn: Callable[P, R]) -> Callable[P, R]:
@@ -969,15 +1126,22 @@ class Watchdog(Generic[K]):
                     if not check:
                         return result
                     now = clock()
-                    if now < self._next_due:
-                        return result
-                    self.check(now)
+                    try:
+                        if now < self._next_due:
+                            return result
+                    except TypeError:  # a bad reading: refused by _expire, as in check()
+                        pass
+                    expire(now, True)
                 else:
                     observe(k, s)
                     if check:
                         now = clock()
-                        if now >= self._next_due:
-                            self.check(now)
+                        try:
+                            due = not now < self._next_due
+                        except TypeError:
+                            due = True
+                        if due:
+                            expire(now, True)
                 if gone.get(k) is _EXPIRED:
                     return failed
                 return result
@@ -990,15 +1154,30 @@ class Watchdog(Generic[K]):
 
     def snapshot(self, *, requests: bool = True, now: float | None = None) -> Snapshot[K]:
         """A consistent view: per-state counts and oldest age, and (with *requests*)
-        every tracked request with its state and time in state. O(tracked)."""
-        now = self._clock() if now is None else _check_time("now", now)
+        every tracked request with its state and time in state. O(tracked).
+
+        Raises:
+            ClockError: if *now* is None and the clock returns something that is not a
+                finite time.
+        """
+        if now is not None:
+            now = _check_time("now", now)
         with self._lock:
+            if now is None:
+                now = self._read(self._clock())
             counts: dict[_Slot, int] = dict.fromkeys(self._live, 0)
             for rec in self._where.values():
                 counts[rec.slot] += 1
+            # a state without a state deadline has no FIFO: its oldest from the records
+            free = {s: _INF for s in self._live if s.timer is None and counts[s]}
+            if free:
+                for rec in self._where.values():
+                    since = rec.since
+                    if rec.slot in free and since < free[rec.slot]:
+                        free[rec.slot] = since
             states: dict[str, StateSummary] = {}
             for slot in self._live:
-                oldest = self._oldest(slot)
+                oldest = free.get(slot) if slot.timer is None else self._oldest(slot)
                 states[slot.label] = StateSummary(
                     state=slot.state,
                     deadline=slot.deadline,
@@ -1075,11 +1254,69 @@ class Watchdog(Generic[K]):
             if self._life is not None:
                 sizes["lifetime"] = sum(map(self._life.valid, self._life.q))
             sizes["carried"] = len(self._carry)
-            queues = [s.timer for s in self._live] + [s.stalls for s in self._live]
-            queues.append(self._life)
             #: every FIFO entry, stale ones included
-            sizes["entries"] = sum(len(c.q) for c in queues if c is not None)
+            sizes["entries"] = sum(len(c.q) for c in self._clocks)
             return sizes
+
+    def _in_time_order(self) -> bool:
+        """Whether every FIFO is in time order, stale entries included (tests: "only the
+        head can be due" rests on it)."""
+        with self._lock:
+            for clock in self._clocks:
+                starts = (entry[0] for entry in clock.q)
+                if any(a > b for a, b in itertools.pairwise(starts)):
+                    return False
+            return True
+
+    def _overdue(self, now: float) -> list[tuple[Any, str]]:
+        """Every (key, reason) with a live FIFO entry due at *now*, wherever it is in its
+        FIFO (tests: after a check at *now*, there is none)."""
+        with self._lock:
+            return [
+                (entry[1].key, clock.reason)
+                for clock in self._clocks
+                for entry in clock.q
+                if clock.valid(entry) and entry[0] + clock.seconds <= now
+            ]
+
+    def _read(self, reading: Any) -> float:
+        """The clock's *reading* as the watchdog's now (lock held): a finite number
+        (else :class:`~stallguard.ClockError`, before anything changed), and never
+        earlier than the latest reading: time only moves forward, so appending it keeps
+        every FIFO in time order. (The hot paths inline the common case: a float, not
+        earlier than the latest, finite.)"""
+        t = reading
+        if t.__class__ is not float:
+            if t.__class__ is bool or not isinstance(t, (int, float)):
+                raise ClockError(
+                    self._spec.name, self._clock, reading, f"{_show(t)} ({type(t).__name__})"
+                )
+            try:
+                t = float(t)
+            except OverflowError:
+                raise ClockError(
+                    self._spec.name,
+                    self._clock,
+                    reading,
+                    f"{_show(reading)}, which is too large for a float",
+                ) from None
+        if not -_INF < t < _INF:
+            raise ClockError(
+                self._spec.name, self._clock, reading, f"{t!r} ({type(reading).__name__})"
+            )
+        latest = self._latest
+        if t < latest:  # the clock stepped back: time stands still until it catches up
+            return latest
+        self._latest = t
+        return t
+
+    def _same_state_at(self, at: Any) -> None:
+        """Refuse a bad *at* in an observe that changes nothing, as any other *at*."""
+        if at.__class__ is float and -_INF < at <= self._latest:
+            return  # finite, and not later than a reading already seen
+        with self._lock:
+            now = self._read(self._clock())
+        _check_at(at, now)
 
     @staticmethod
     def _oldest(slot: _Slot) -> float | None:
@@ -1091,7 +1328,7 @@ class Watchdog(Generic[K]):
         return oldest
 
     def _unknown_state(self, key: K, state: object) -> None:
-        if self._raise_unknown:
+        if self._options.unknown_state == "raise":
             raise UnknownStateError(
                 self._spec.name, key, state, tuple(s.label for s in self._slots.values())
             )
@@ -1206,44 +1443,89 @@ class Watchdog(Generic[K]):
         self._next_due = next_due
         return expiries, left
 
-    def _dispatch(
-        self, work: list[tuple[Expiry[K], tuple[Callable[[Expiry[K]], object], ...]]]
+    def _deliver(
+        self,
+        work: list[tuple[Expiry[K], _Plan]],
+        leaves: list[tuple[tuple[str, float], _Plan]],
+        returned: list[Expiry[K]],
     ) -> set[int] | None:
-        """Hand each expiry to its hooks, outside the lock. An ``Exception`` is logged
-        and counted; a ``BaseException`` propagates after what it interrupted is set
-        aside for the next check(). An enforcement hook that returns
-        :data:`~stallguard.CONCLUDED` withdraws its expiry (no later hook sees it).
-        Returns the ids of the withdrawn expiries, if any."""
-        enforce = self._enforce_hooks
+        """Hand each expiry to its plan's hooks, then each leave notification to its
+        listeners, outside the lock. An ``Exception`` is logged and counted. A
+        ``BaseException`` propagates at once, after what it interrupted is set aside for
+        the next check(): every expiry of *returned* (but the withdrawn ones), each with
+        the hooks it has not reached yet, and every leave notification not made yet. An
+        enforcement hook that returns :data:`~stallguard.CONCLUDED` withdraws its expiry
+        (no later hook sees it). Returns the ids of the withdrawn expiries, if any."""
         withdrawn: set[int] | None = None
-        i = j = 0
+        phase = i = k = 0  # how far it got (read if interrupted)
+        j = m = -1
         try:
-            for i, (expiry, hooks) in enumerate(work):  # noqa: B007 (read in except)
-                for j, hook in enumerate(hooks):  # noqa: B007
+            for i, (expiry, plan) in enumerate(work):  # noqa: B007 (read in except)
+                j = -1
+                owners = plan.owners
+                for j, hook in enumerate(plan.hooks):
                     try:
                         result = hook(expiry)
                     except Exception:
                         self._hook_failed(hook, expiry)
                         continue
-                    if result is CONCLUDED and hook in enforce:
+                    if result is CONCLUDED and owners[j] is _ENFORCE:
                         self._withdraw(expiry)
                         if withdrawn is None:
                             withdrawn = set()
                         withdrawn.add(id(expiry))
                         break
+            phase = 1
+            for k, (left, plan) in enumerate(leaves):  # noqa: B007
+                m = -1
+                for m, listener in enumerate(plan.hooks):  # noqa: B007
+                    try:
+                        listener(*left)
+                    except Exception:
+                        self._hook_failed(listener, None)
         except BaseException:
-            # This call returns nothing now: the next check() returns every expiry of
-            # it (but the withdrawn ones), and hands each to the hooks it has not
-            # reached yet (none for those already done).
-            expiry, hooks = work[i]
-            none: tuple[Callable[[Expiry[K]], object], ...] = ()
-            rest = [(e, none) for e, _ in work[:i] if withdrawn is None or id(e) not in withdrawn]
-            rest += [(expiry, hooks[j + 1 :]), *work[i + 1 :]]
-            with self._lock:
-                self._carry[:0] = rest
-                self._next_due = -_INF  # the next check() delivers them
+            self._carry_on(work, leaves, returned, withdrawn, phase, i, j, k, m)
             raise
         return withdrawn
+
+    def _carry_on(
+        self,
+        work: list[tuple[Expiry[K], _Plan]],
+        leaves: list[tuple[tuple[str, float], _Plan]],
+        returned: list[Expiry[K]],
+        withdrawn: set[int] | None,
+        phase: int,
+        i: int,
+        j: int,
+        k: int,
+        m: int,
+    ) -> None:
+        """Set aside what an interrupted delivery did not finish (see _deliver): it
+        stopped at expiry *i*'s hook *j* (phase 0) or at leave notification *k*'s
+        listener *m* (phase 1). The next check() delivers it and returns the expiries,
+        even if nothing new is due by then."""
+
+        def kept(expiry: Expiry[K]) -> bool:
+            return withdrawn is None or id(expiry) not in withdrawn
+
+        if phase == 0 and work:
+            rest = [(e, _NOBODY) for e, _ in work[:i] if kept(e)]
+            expiry, plan = work[i]
+            if kept(expiry):
+                rest.append((expiry, plan.after(j)))
+            rest += work[i + 1 :]
+            rest_left = list(leaves)
+        else:  # every expiry is delivered (or has nobody to be delivered to)
+            rest = [(e, _NOBODY) for e in returned if kept(e)]
+            rest_left = list(leaves)
+            if phase == 1:
+                rest_left = []
+                if k < len(leaves):
+                    left, plan = leaves[k]
+                    rest_left = [(left, plan.after(m)), *leaves[k + 1 :]]
+        with self._lock:
+            self._carry[:0] = [*rest, *rest_left]
+            self._next_due = -_INF  # the next check() delivers them
 
     def _withdraw(self, expiry: Expiry[K]) -> None:
         """An enforcement hook found *expiry*'s request concluded: not an expiry after
@@ -1272,15 +1554,33 @@ class Watchdog(Generic[K]):
             )
 
     def _notify_leave(self, left: tuple[str, float]) -> None:
-        for listener in self._leave_listeners:
-            try:
-                listener(*left)
-            except Exception:
-                self._hook_failed(listener, None)
+        """Tell the leave listeners (observe, forget). A ``BaseException`` propagates;
+        the listeners it kept from hearing of *left* hear of it at the next check()."""
+        plan = self._leave_plan
+        m = -1
+        try:
+            for m, listener in enumerate(plan.hooks):  # noqa: B007 (read in except)
+                try:
+                    listener(*left)
+                except Exception:
+                    self._hook_failed(listener, None)
+        except BaseException:
+            with self._lock:
+                self._carry.append((left, plan.after(m)))
+                self._next_due = -_INF
+            raise
 
     def _notify_wake(self) -> None:
+        """Wake the runners. A wake-up cannot wait for a later check: a
+        ``BaseException`` propagates only once every listener was called."""
+        interrupted: BaseException | None = None
         for listener in self._wake_listeners:
             try:
                 listener()
             except Exception:
                 self._hook_failed(listener, None)
+            except BaseException as exc:
+                if interrupted is None:
+                    interrupted = exc
+        if interrupted is not None:
+            raise interrupted

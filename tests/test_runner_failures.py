@@ -175,6 +175,53 @@ async def test_anyio_failure_is_logged_counted_and_propagated(caplog, reader) ->
     assert len(errors) == 1 and "run_watchdog()" in errors[0].getMessage()
 
 
+def leaves_of(error: BaseException) -> list[BaseException]:
+    """*error*, or the exceptions an (exception) group holds, flattened."""
+    if isinstance(error, BaseExceptionGroup):  # noqa: F821 - builtin on 3.11
+        return [leaf for inner in error.exceptions for leaf in leaves_of(inner)]
+    return [error]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+def test_anyio_logs_and_counts_an_interrupting_hook_then_lets_it_go(
+    backend: str, error: type[BaseException], caplog, reader
+) -> None:
+    """Issue 20: run_watchdog let a SystemExit or KeyboardInterrupt from a hook end it
+    without a log line or a count (only an Exception was), unlike WatchdogThread."""
+    clock = FakeClock()
+    enforced: list[object] = []
+
+    def on_expire(expiry: sg.Expiry[object]) -> None:
+        enforced.append(expiry.key)
+        raise error()
+
+    wd = sg.Watchdog(SPEC, clock=clock, on_expire=on_expire)
+    wd.observe("r", "Transferring")
+    clock.advance(120)
+
+    async def main() -> None:
+        with anyio.fail_after(SAFETY):
+            async with sg.watching(wd):
+                await anyio.sleep_forever()
+
+    with (
+        caplog.at_level(logging.ERROR, logger="stallguard"),
+        pytest.raises(BaseException) as caught,
+    ):
+        anyio.run(main, backend=backend)
+    assert [type(e) for e in leaves_of(caught.value)] == [error]  # propagated, as documented
+    errors = [r for r in caplog.records if r.name == "stallguard" and r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "run_watchdog()" in errors[0].getMessage()
+    assert error.__name__ in errors[0].getMessage()
+    assert wd.snapshot().runner_errors == 1
+    assert runner_errors(reader) == {"runner_edges": 1}
+    assert not wd.listeners
+    # and the watchdog lost nothing: the next check returns the interrupted expiry,
+    # without enforcing it twice
+    assert [e.key for e in wd.check()] == ["r"] and enforced == ["r"]
+
+
 @pytest.mark.anyio
 async def test_anyio_cancellation_is_not_a_failure(caplog) -> None:
     wd = sg.Watchdog(SPEC, clock=FakeClock())

@@ -5,7 +5,8 @@ The reference model scans every request on every check (obviously correct, far t
 for production). Hypothesis drives both with the same operations: observe (known and
 unknown states, a terminal state at first sight, repeated states, ``at=``), heartbeat,
 forget with and without ``remember``, annotate, ``check`` with and without ``now``,
-clock moves, and enforcement actions that raise an ``Exception`` or a ``BaseException``.
+clock moves, and an enforcement hook, an expiry listener, a leave listener and
+``describe`` that raise an ``Exception`` or a ``BaseException`` when armed to.
 
 After every step it asserts the documented guarantees:
 
@@ -14,6 +15,11 @@ After every step it asserts the documented guarantees:
   resurrect a request;
 * nothing overdue is missed: every check returns exactly what the model says is due
   (plus what an interrupted check could not deliver);
+* nothing overdue survives a check: after ``check(now)`` (interrupted or not) no live
+  entry anywhere in any deadline FIFO is due at *now* (not only the heads);
+* each FIFO is in time order (what "only the head can be due" rests on);
+* every leave notification reaches the listeners exactly once: at once, or (after an
+  interruption) by the next check;
 * ``len()``, ``in``, ``state_of()`` and ``snapshot()`` agree with the model;
 * remembered keys stay bounded by ``memory``.
 
@@ -23,10 +29,11 @@ After every step it asserts the documented guarantees:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import pytest
+from _profiles import at_least
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -69,6 +76,7 @@ class Model:
         self.reported: set[tuple[int, str]] = set()
         self.late = 0
         self.seq = 0  # counts entries made on the watchdog's clocks (their FIFO order)
+        self.leaves: Counter[tuple[str, float]] = Counter()  # every leave notification due
 
     def bury(self, key: int, expired: bool) -> None:
         if key in self.gone:
@@ -81,7 +89,9 @@ class Model:
         terminal = state in self.spec.terminal
         rec = self.live.get(key)
         if rec is None:
-            if terminal:
+            if terminal and self.gone.get(key) is True:
+                self.late += 1  # the end of a request that was failed: too late
+            elif terminal:
                 self.bury(key, False)  # the terminal-first-sight rule
             elif key in self.gone:
                 self.late += 1
@@ -99,6 +109,7 @@ class Model:
             return
         if rec["state"] == state:
             return
+        self.leaves[rec["state"], max(t, rec["entered"]) - rec["entered"]] += 1
         if terminal:
             del self.live[key]
             self.bury(key, False)
@@ -120,8 +131,11 @@ class Model:
             self.reported.discard((key, "stall"))
         return True
 
-    def forget(self, key: int, remember: bool) -> bool:
-        tracked = self.live.pop(key, None) is not None
+    def forget(self, key: int, remember: bool, now: float) -> bool:
+        rec = self.live.pop(key, None)
+        tracked = rec is not None
+        if rec is not None:
+            self.leaves[rec["state"], now - rec["entered"]] += 1
         self.reported -= {(key, "state"), (key, "stall"), (key, "lifetime")}
         if remember:
             self.bury(key, False)
@@ -175,7 +189,8 @@ class Model:
         # the watchdog remembers expired keys in the order it finds them (a full memory
         # forgets the oldest first)
         for _, key in sorted(expired):
-            del self.live[key]
+            rec = self.live.pop(key)
+            self.leaves[rec["state"], now - rec["entered"]] += 1
             self.bury(key, True)
         return result
 
@@ -200,6 +215,13 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.withdraw_next = False
         self.withdrawn: list[tuple[int, str, float]] = []
         self.withdrawn_undescribed = 0
+        # the enforcement hook and the leave listener: what each should do on its next
+        # call (None, "error", "interrupt"); the leave notifications heard (by a
+        # listener after the one that raises)
+        self.enforce_arm: str | None = None
+        self.leave_arm: str | None = None
+        self.heard: Counter[tuple[str, float]] = Counter()
+        self.checked_at: float | None = None  # the latest check's now
 
     @initialize(
         mode=st.sampled_from(["enforce", "report"]),
@@ -236,6 +258,11 @@ class WatchdogMachine(RuleBasedStateMachine):
                 raise Interrupt()
 
         def enforce(expiry: sg.Expiry[int]) -> Any:
+            arm, self.enforce_arm = self.enforce_arm, None
+            if arm == "error":
+                raise ValueError("enforcement hook failed")
+            if arm == "interrupt":
+                raise Interrupt()
             if self.withdraw_next:
                 self.withdraw_next = False
                 self.withdrawn.append((expiry.key, expiry.reason, expiry.entered_at))
@@ -258,6 +285,20 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.wd.add_listener(on_expire=record)
         self.wd.add_listener(on_expire=action)
 
+        def leave_action(label: str, seconds: float) -> None:
+            arm, self.leave_arm = self.leave_arm, None
+            if arm == "error":
+                raise ValueError("leave listener failed")
+            if arm == "interrupt":
+                raise Interrupt()
+
+        def hear(label: str, seconds: float) -> None:
+            self.heard[label, seconds] += 1
+
+        # the raising one first: an interruption keeps the notification from the other
+        self.wd.add_listener(on_leave=leave_action)
+        self.wd.add_listener(on_leave=hear)
+
     # ------------------------------------------------------------------ operations
 
     def _time(self, lag: float | None) -> tuple[float | None, float]:
@@ -271,7 +312,10 @@ class WatchdogMachine(RuleBasedStateMachine):
     @rule(key=KEYS, state=st.sampled_from(STATES), lag=LAGS)
     def observe(self, key: int, state: str, lag: float | None) -> None:
         at, t = self._time(lag)
-        self.wd.observe(key, state, at=at)
+        try:
+            self.wd.observe(key, state, at=at)
+        except Interrupt:  # from the leave listener: the change holds, the rest is carried
+            assert self.interrupted_leave()
         self.model.observe(key, state, t)
 
     @rule(key=KEYS, state=st.sampled_from(["nope", 3, ("a",), ["unhashable"]]))
@@ -286,7 +330,15 @@ class WatchdogMachine(RuleBasedStateMachine):
 
     @rule(key=KEYS, remember=st.booleans())
     def forget(self, key: int, remember: bool) -> None:
-        assert self.wd.forget(key, remember=remember) == self.model.forget(key, remember)
+        tracked = self.model.forget(key, remember, self.clock())
+        try:
+            assert self.wd.forget(key, remember=remember) == tracked
+        except Interrupt:
+            assert tracked and self.interrupted_leave()
+
+    def interrupted_leave(self) -> bool:
+        """An Interrupt outside check() comes from the leave listener, armed for it."""
+        return self.leave_arm is None  # (it disarmed itself)
 
     @rule(key=KEYS)
     def annotate(self, key: int) -> None:
@@ -308,6 +360,14 @@ class WatchdogMachine(RuleBasedStateMachine):
     def arm_withdraw(self) -> None:
         self.withdraw_next = True
 
+    @rule(kind=st.sampled_from(["error", "interrupt"]))
+    def arm_enforce(self, kind: str) -> None:
+        self.enforce_arm = kind
+
+    @rule(kind=st.sampled_from(["error", "interrupt"]))
+    def arm_leave(self, kind: str) -> None:
+        self.leave_arm = kind
+
     @rule(explicit=st.booleans())
     def check(self, explicit: bool) -> None:
         now = self.clock()
@@ -317,16 +377,20 @@ class WatchdogMachine(RuleBasedStateMachine):
         expected = due | self.carried
         before = len(self.delivered)
         withdrawn_before = len(self.withdrawn)
+        self.checked_at = now
         try:
             got = self.wd.check(now) if explicit else self.wd.check()
         except Interrupt:
             # delivered up to the interruption; the rest comes with the next check
+            assert self.wd._overdue(now) == []  # what was due was all taken
             self._withdrawn(withdrawn_before)
             self.carried = expected - set(self.withdrawn)
             new = self.delivered[before:]
             assert set(new) <= expected
             assert not set(new) & set(self.withdrawn)
             return
+        assert self.wd._overdue(now) == []  # nothing overdue survives a check
+        assert self.heard == self.model.leaves  # every leave notification, once
         self._withdrawn(withdrawn_before)
         returned = {(e.key, e.reason, e.entered_at) for e in got}
         assert len(returned) == len(got), f"an expiry returned twice: {got}"
@@ -396,9 +460,24 @@ class WatchdogMachine(RuleBasedStateMachine):
     def memory_bounded(self) -> None:
         assert self.wd._remembered() <= self.memory
 
+    @invariant()
+    def fifos_in_time_order(self) -> None:
+        assert self.wd._in_time_order()
+
+    @invariant()
+    def nothing_overdue_survives_a_check(self) -> None:
+        # Every lag (LAGS) is shorter than every duration in SPEC, so nothing observed
+        # since the latest check can be due at its time either.
+        if self.checked_at is not None:
+            assert self.wd._overdue(self.checked_at) == []
+
+    @invariant()
+    def leave_notifications_at_most_once(self) -> None:
+        assert not self.heard - self.model.leaves, (self.heard, self.model.leaves)
+
 
 WatchdogMachine.TestCase.settings = settings(
-    max_examples=300,
+    max_examples=at_least(300),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -1,74 +1,99 @@
-"""Thread safety: state changes from many threads while one thread runs check()."""
+"""Thread safety: state changes from many threads while one thread runs check().
+
+Robust on a loaded machine (it failed at load 10-15 on 2 cores, when the checker was
+starved and expired nothing while the writers ran): the work is bounded, the writers
+wait (event-driven) half-way through until the checker has expired something, and no
+assertion depends on how fast anything runs. Real time only bounds a hang (``SAFETY``)
+and paces the checker (which also bounds how far it moves the fake clock: far less
+than the healthy deadlines, whatever the load).
+"""
 
 from __future__ import annotations
 
 import collections
 import threading
-import time
 
 import stallguard as sg
 from stallguard.instrumentation import set_on_expire_hooks
 from stallguard.testing import FakeClock
 
-# Healthy requests flow a -> b -> c -> ok/err (or are forgotten) with deadlines far
-# longer than the fake clock can advance during the run, so none of them may expire.
-# Doomed requests park in "d", whose 10 ms deadline passes many times during the run,
-# so they expire while the writers are still busy.
+# Healthy requests flow a -> b -> c -> ok/err (or are forgotten) with deadlines the fake
+# clock cannot reach during the run, so none of them may expire. Doomed requests park in
+# "d", whose 10 ms deadline the checker passes after 10 rounds, so they expire while the
+# writers are still busy.
+HEALTHY = 1e6
 SPEC = sg.Spec(
     "threads",
-    {"a": 10_000, "b": 10_000, "c": sg.Deadline(10_000, stall=5_000), "d": 0.01},
+    {"a": HEALTHY, "b": HEALTHY, "c": sg.Deadline(HEALTHY, stall=HEALTHY / 2), "d": 0.01},
     terminal=["ok", "err"],
 )
 THREADS = 8
-TRANSITIONS_PER_THREAD = 50_000
+TRANSITIONS_PER_THREAD = 20_000
+STEP = 0.001  # fake seconds per checker round
+PACE = 0.0002  # real seconds the checker pauses per round: at most 5 fake s per real s
+SAFETY = 300  # real seconds: only guards against a hang
 
 
 def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
     set_on_expire_hooks([])
     clock = FakeClock()
     wd = sg.Watchdog(SPEC, clock=clock, memory=10**6)
+    first_expiry = threading.Event()
+    wd.add_listener(on_expire=lambda e: first_expiry.set())
     expiries: list = []
-    stop = threading.Event()
-    start = threading.Barrier(THREADS + 1)
+    writers_done = threading.Event()
+    start = threading.Barrier(THREADS + 1, timeout=SAFETY)
     doomed: dict[int, list[int]] = {}
     healthy: dict[int, list[int]] = {}
-    checks = [0]
+    errors: list[BaseException] = []
+    still_writing: list[int] = []  # writers that saw an expiry with work left to do
 
     def writer(t: int) -> None:
-        start.wait()
-        mine_doomed = doomed[t] = []
-        mine_healthy = healthy[t] = []
-        key = t * 10**7
-        transitions = 0
-        while transitions < TRANSITIONS_PER_THREAD:
-            key += 1
-            if key % 10 == 0:
-                wd.observe(key, "d")
-                mine_doomed.append(key)
-                transitions += 1
-                continue
-            wd.observe(key, "a")
-            wd.observe(key, "b")
-            wd.observe(key, "b")  # same state: no reset, no-op
-            wd.observe(key, "c")
-            wd.heartbeat(key)
-            if key % 7 == 0:
-                wd.forget(key)
-            else:
-                wd.observe(key, "ok" if key % 2 else "err")
-            mine_healthy.append(key)
-            transitions += 5
+        try:
+            start.wait()
+            mine_doomed = doomed[t] = []
+            mine_healthy = healthy[t] = []
+            key = t * 10**7
+            transitions = 0
+            waited = False
+            while transitions < TRANSITIONS_PER_THREAD:
+                if not waited and transitions >= TRANSITIONS_PER_THREAD // 2:
+                    # Half-way: wait for the checker's first expiry, so that expiries
+                    # provably happen while every writer still has work to do.
+                    waited = True
+                    assert first_expiry.wait(SAFETY), "the checker never expired anything"
+                    assert wd.snapshot(requests=False).expired > 0
+                    still_writing.append(t)
+                key += 1
+                if key % 10 == 0:
+                    wd.observe(key, "d")
+                    mine_doomed.append(key)
+                    transitions += 1
+                    continue
+                wd.observe(key, "a")
+                wd.observe(key, "b")
+                wd.observe(key, "b")  # same state: no reset, no-op
+                wd.observe(key, "c")
+                wd.heartbeat(key)
+                if key % 7 == 0:
+                    wd.forget(key)
+                else:
+                    wd.observe(key, "ok" if key % 2 else "err")
+                mine_healthy.append(key)
+                transitions += 5
+        except BaseException as exc:
+            errors.append(exc)
+            first_expiry.set()  # (let the others go: the test fails below)
 
     def checker() -> None:
-        start.wait()
-        while not stop.is_set():
-            clock.advance(0.000_01)
-            expiries.extend(wd.check())
-            checks[0] += 1
-            # A yield, not a wait: a checker that never releases the GIL starves the
-            # writers that hold the watchdog's lock (a convoy that made this test take
-            # minutes on some runs, with the old engine as with the new one).
-            time.sleep(0)
+        try:
+            start.wait()
+            while not writers_done.is_set():
+                clock.advance(STEP)  # time moves while the writers read the clock
+                expiries.extend(wd.check())
+                writers_done.wait(PACE)  # releases the GIL to the writers
+        except BaseException as exc:
+            errors.append(exc)
 
     # daemons: a failing run must not keep the test process alive
     threads = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(THREADS)]
@@ -76,22 +101,26 @@ def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
     for th in [*threads, check_thread]:
         th.start()
     for th in threads:
-        th.join(timeout=120)
-        assert not th.is_alive()
-    stop.set()
-    check_thread.join(timeout=60)
-    assert clock() < 5_000, "the run outlasted the healthy deadlines; the test is invalid"
-    during_run = len(expiries)
+        th.join(SAFETY)
+        assert not th.is_alive(), "a writer hung"
+    writers_done.set()
+    check_thread.join(SAFETY)
+    assert not check_thread.is_alive(), "the checker hung"
+    assert not errors, errors
+    assert sorted(still_writing) == list(range(THREADS))
+    assert clock() < HEALTHY / 2, "the run outlasted the healthy deadlines; the test is invalid"
+    # the FIFOs stayed in time order while the clock moved under the writers' reads
+    assert wd._in_time_order()
     clock.advance(2)
     expiries.extend(wd.check())
+    assert wd._overdue(clock()) == []
 
     all_doomed = {k for keys in doomed.values() for k in keys}
     all_healthy = {k for keys in healthy.values() for k in keys}
     counts = collections.Counter(e.key for e in expiries)
     assert max(counts.values()) == 1, "a key expired twice"
     assert set(counts) == all_doomed  # every doomed key, and no healthy one
-    assert during_run > 0, "no expiry happened concurrently with the writers"
-    assert len(all_doomed) + len(all_healthy) > THREADS * TRANSITIONS_PER_THREAD // 5
+    assert len(all_doomed) + len(all_healthy) > THREADS * TRANSITIONS_PER_THREAD // 6
     # nothing is left behind
     assert len(wd) == 0 and wd.next_deadline() is None
     footprint = wd._footprint()
@@ -109,7 +138,8 @@ def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
     for th in late_threads:
         th.start()
     for th in late_threads:
-        th.join(timeout=60)
+        th.join(SAFETY)
+        assert not th.is_alive()
     assert len(wd) == 0
     assert wd.snapshot().late_events == len(late)
     assert wd.snapshot().expired == len(all_doomed)
