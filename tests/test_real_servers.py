@@ -28,6 +28,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,7 @@ from examples.real_servers import _main as rig
 from examples.real_servers import _servers as srv
 
 ROOT = Path(__file__).resolve().parents[1]
+Results = dict[str, Any]
 
 
 def _environment_problem() -> str | None:
@@ -67,7 +69,7 @@ OBSERVE = 50.0
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def run(tmp_path_factory: pytest.TempPathFactory) -> Results:
     out = tmp_path_factory.mktemp("real_servers")
     results = rig.run(out, deadline=DEADLINE, observe=OBSERVE, log=lambda m: print(m))
     print(rig.table(results))
@@ -75,13 +77,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return results
 
 
-def _arm(run: dict, name: str) -> dict:
-    arm = run["arms"][name]
+def _arm(run: Results, name: str) -> Results:
+    arm: Results = run["arms"][name]
     assert not arm["errors"], arm["errors"]
     return arm
 
 
-def test_both_arms_started_and_served_healthy_requests(run: dict) -> None:
+def test_both_arms_started_and_served_healthy_requests(run: Results) -> None:
     for name in ("without", "with"):
         arm = _arm(run, name)
         assert set(arm["healthy_after"]) == {"prefill", "decode"}
@@ -91,7 +93,7 @@ def test_both_arms_started_and_served_healthy_requests(run: dict) -> None:
             assert all(r["status"] == 200 for r in reqs[kind]), (name, kind, reqs[kind])
 
 
-def test_stallguard_was_loaded_through_the_entry_point_only_in_the_with_arm(run: dict) -> None:
+def test_stallguard_was_loaded_through_the_entry_point_only_in_the_with_arm(run: Results) -> None:
     logs = run["out"] / "logs"
     for mode in ("prefill", "decode"):
         with_log = (logs / f"with-{mode}.log").read_text(errors="replace")
@@ -100,7 +102,7 @@ def test_stallguard_was_loaded_through_the_entry_point_only_in_the_with_arm(run:
         assert "stallguard" not in without_log.replace("stallguard-sglang.toml", ""), mode
 
 
-def test_without_stallguard_the_request_stays_pinned_past_the_deadline(run: dict) -> None:
+def test_without_stallguard_the_request_stays_pinned_past_the_deadline(run: Results) -> None:
     arm = _arm(run, "without")
     obs = arm["fault"]["observation"]
     assert obs["inflight"] >= 1, obs
@@ -115,7 +117,7 @@ def test_without_stallguard_the_request_stays_pinned_past_the_deadline(run: dict
     assert not arm["fault"]["stallguard_log"]
 
 
-def test_with_stallguard_the_prefill_fails_it_at_its_deadline(run: dict) -> None:
+def test_with_stallguard_the_prefill_fails_it_at_its_deadline(run: Results) -> None:
     arm = _arm(run, "with")
     ev, fault = arm["events"], arm["fault"]
     # released on the prefill's /metrics (1 s scrapes, a gauge SGLang refreshes when it
@@ -136,13 +138,13 @@ def test_with_stallguard_the_prefill_fails_it_at_its_deadline(run: dict) -> None
     assert fault["final"]["inflight"] == 0 and fault["final"]["forced"] == 1
 
 
-def test_with_stallguard_the_client_gets_an_error_through_the_router(run: dict) -> None:
+def test_with_stallguard_the_client_gets_an_error_through_the_router(run: Results) -> None:
     client = _arm(run, "with")["fault"]["client"]
     assert client["status"] == 500, client
     assert "stallguard" in client["body"], client
 
 
-def test_without_stallguard_the_client_waited_for_the_whole_freeze(run: dict) -> None:
+def test_without_stallguard_the_client_waited_for_the_whole_freeze(run: Results) -> None:
     arm = _arm(run, "without")
     client = arm["fault"]["client"]
     # it hung for the whole window: an answer, if any, came only after the thaw
@@ -155,7 +157,7 @@ BAD = "[prefill.deadlines]\nTransferring = -5\n"
 NAMED = "stallguard-sglang: invalid configuration, refusing to start"
 
 
-def _launch(tmp_path: Path, config: Path) -> srv.Proc:
+def _launch(tmp_path: Path, config: Path) -> tuple[srv.Proc, srv.ServerSet]:
     s = srv.ServerSet("bad", tmp_path / "logs", config)
     argv = s.server_argv("prefill")
     return srv.spawn("bad-prefill", argv, srv.server_env(config), tmp_path / "bad.log"), s
@@ -210,4 +212,7 @@ def test_a_config_broken_after_the_launcher_read_it_stops_the_scheduler(tmp_path
     log = proc.log_text()
     assert NAMED in log, log[-3000:]
     assert f"{config}: [prefill.deadlines] Transferring = -5: must be a positive" in log
-    assert "Scheduler" in log or "scheduler" in log
+    # the launcher had passed its own load_plugins(): the refusal came from the
+    # scheduler process, whose death the launcher reports before it exits
+    assert "Rank 0 scheduler died during initialization (exit code: 1)" in log, log[-3000:]
+    assert proc.popen.returncode != 0

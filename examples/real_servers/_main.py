@@ -401,7 +401,7 @@ def table(results: dict[str, Any]) -> str:
     head = [
         "arm", "healthy after (prefill/decode)", "RSS", "inflight >= 1 from",
         "stallguard failed it", "inflight at obs.", "forced failures", "transfer failed",
-        "client", "healthy after the fault",
+        "SIGCONT", "client", "healthy after the fault",
     ]  # fmt: skip
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, a in results["arms"].items():
@@ -424,15 +424,16 @@ def table(results: dict[str, Any]) -> str:
             f"| {'+' + fmt(ev['forced_s']) + ' s' if 'forced_s' in ev else 'never'} "
             f"| {fmt(obs.get('inflight'))} | {fmt(fin.get('forced', obs.get('forced')))} "
             f"| {fmt(fin.get('transfer_failed', obs.get('transfer_failed')))} "
-            f"| {outcome}{waiting} | {sum(r['status'] == 200 for r in ha)}/{len(ha)} |"
+            f"| +{fmt(ev.get('thaw_s'))} s | {outcome}{waiting} "
+            f"| {sum(r['status'] == 200 for r in ha)}/{len(ha)} |"
         )
-    thaw = next((a["events"].get("thaw_s") for a in results["arms"].values()), None)
     rows.append("")
     rows.append(
         "Times are seconds after the decode was SIGSTOPped (mid-transfer of the "
         f"{PROMPT_TOKENS}-token, {results['kv_mb']:.0f} MB KV); deadline {d:g} s "
         "(WaitingForInput, Transferring), "
-        f"observation point +{results['observe_s']:g} s, SIGCONT at +{fmt(thaw)} s. "
+        f"observation point and SIGCONT at +{results['observe_s']:g} s or deadline + 15 s "
+        "after the request was first seen in the inflight queue, whichever is later. "
         f"Total {results['total_s']:g} s."
     )
     return "\n".join(rows)

@@ -39,7 +39,7 @@ NIXL_CONN = "sglang.srt.disaggregation.nixl.conn"
 
 def _host_memory_kinds(module: types.ModuleType) -> None:
     """Wrap ``module._normalize_kv_mem_kinds`` so that it never answers VRAM."""
-    normalize = module._normalize_kv_mem_kinds
+    normalize = getattr(module, "_normalize_kv_mem_kinds")  # noqa: B009 (untyped module)
     if getattr(normalize, "_stallguard_realsrv_standin", False):
         return
 
@@ -47,7 +47,7 @@ def _host_memory_kinds(module: types.ModuleType) -> None:
         return ["DRAM" if k == "VRAM" else k for k in normalize(kinds, expected_len)]
 
     _normalize_kv_mem_kinds._stallguard_realsrv_standin = True  # type: ignore[attr-defined]
-    module._normalize_kv_mem_kinds = _normalize_kv_mem_kinds
+    setattr(module, "_normalize_kv_mem_kinds", _normalize_kv_mem_kinds)  # noqa: B010
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
