@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Reproducible developer environment for stallguard (stdlib only, Python 3.11).
 
-    python3 tools/dev.py env                 create/update .venv, .venv-sglang0517, .venv-vllm
+    python3 tools/dev.py env                 create/update .venv and its overlays, .venv-vllm
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
     python3 tools/dev.py demo [demo args]    `env`, then the PD wedge demo (examples/pd_wedge)
     python3 tools/dev.py docs                `env`, then build the docs site into docs/_build/html
-    python3 tools/dev.py lock                re-resolve the package lists into tools/lock/
+    python3 tools/dev.py lock [VENV ...]     re-resolve the package lists into tools/lock/
+                                             (all venvs, or only those named: .venv-realsrv)
 
 Every venv is installed from a **lock**: `tools/lock/<venv>.txt` lists every
 distribution of that venv with its exact version and sha256 hash, and `env` installs it
@@ -55,6 +56,16 @@ What `.venv` holds (tools/lock/venv.txt):
 and the pins of 0.5.17 that differ from 0.5.23 (tools/lock/venv-sglang0517.txt); a .pth
 file appends .venv's site-packages for everything else (torch, engines, tooling, the
 project).
+
+`.venv-realsrv` is an overlay venv like .venv-sglang0517, for running *real* SGLang
+servers (`python -m sglang.launch_server`, prefill + decode, and the Rust `sglang-router`):
+its own site-packages holds only what the HTTP server, tokenizer manager and router
+import beyond .venv's disaggregation modules (REALSRV below, all --no-deps and pinned;
+xgrammar without its real 1 GB triton, which tests/_stubs stands in for), and
+`_stallguard_realsrv.pth`, which activates the CPU stand-ins of
+examples/real_servers/standins (a `vllm._custom_ops` stub and NIXL VRAM->DRAM
+registration; each says what it stands in for). Only the real-server rig
+(examples/real_servers, tests/test_real_servers.py) uses it; .venv is unchanged.
 
 * `.venv-vllm`: a separate venv (vLLM's pins conflict with SGLang's) for stallguard-vllm's
   tests: vllm==0.33.0 and the pure-Python packages it imports (tools/vllm-packages.txt),
@@ -167,6 +178,34 @@ SGLANG0517 = [
     "openai==2.6.1",
     "tokenizers==0.22.2",
 ]
+# .venv-realsrv holds only these (all --no-deps; their dependencies are in .venv):
+# what `sglang.launch_server` (HTTP server, tokenizer manager, grammar backends) and
+# `sglang_router.launch_router` import beyond .venv (shared/notes/real-servers-cpu.md).
+VENV_REALSRV = ROOT / ".venv-realsrv"
+REALSRV_STANDINS = ROOT / "examples" / "real_servers" / "standins"
+REALSRV_PTH_NAME = "_stallguard_realsrv.pth"
+OVERLAY_REALSRV_PTH_NAME = "_0_realsrv_overlay.pth"
+REALSRV = [
+    "uvloop==0.23.0",
+    "python-multipart==0.0.34",
+    "interegular==0.3.3",
+    "watchfiles==1.3.0",
+    "xxhash==4.1.0",
+    "zstandard==0.25.0",
+    "tiktoken==0.14.0",
+    "easydict==1.14",
+    "openai-harmony==0.0.4",
+    "jsonschema==4.26.0",
+    "jsonschema-specifications==2025.9.1",
+    "referencing==0.37.0",
+    "rpds-py==2026.9.1",
+    "soundfile==0.13.1",
+    # --no-deps: its `triton` requirement is the real 1 GB package (tests/_stubs stands in)
+    "xgrammar==0.2.7",
+    # the real Rust router, PD mode (its Python deps, aiohttp/fastapi/uvicorn/orjson/
+    # setproctitle, are in .venv)
+    "sglang-router==0.3.2",
+]
 # Packages that must never be present (they drag in CUDA torch / GBs of wheels).
 FORBIDDEN = ["torchvision", "triton"]
 
@@ -218,7 +257,10 @@ MAIN = VenvSpec(
 OVERLAY0517 = VenvSpec(
     ".venv-sglang0517", VENV0517, CONSTRAINTS0517, (Group("sglang0517", tuple(SGLANG0517), False),)
 )
-VENVS = (MAIN, OVERLAY0517)
+OVERLAY_REALSRV = VenvSpec(
+    ".venv-realsrv", VENV_REALSRV, CONSTRAINTS, (Group("realsrv", tuple(REALSRV), False),)
+)
+VENVS = (MAIN, OVERLAY0517, OVERLAY_REALSRV)
 
 
 class StepError(RuntimeError):
@@ -517,10 +559,19 @@ def write_lock(spec: VenvSpec, found: dict[str, tuple[str, str, str]]) -> None:
     spec.lock.write_text("\n".join(lines) + "\n")
 
 
-def lock_command() -> int:
+def lock_command(names: list[str] | None = None) -> int:
+    """Re-resolve the locks of every venv, or only of the venvs *names* (`.venv-realsrv`
+    or `venv-realsrv`): the others' locks are left exactly as they are."""
+    specs = list(VENVS)
+    if names:
+        by_name = {v.name: v for v in VENVS} | {v.name.lstrip("."): v for v in VENVS}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise StepError(f"no venv named {unknown}; known: {[v.name for v in VENVS]}")
+        specs = [by_name[n] for n in names]
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="stallguard-lock-") as tmp:
-        for spec in VENVS:
+        for spec in specs:
             found = resolve(spec, Path(tmp))
             _inputs, old = read_lock(spec)
             write_lock(spec, found)
@@ -729,6 +780,7 @@ def _env_locked() -> int:
     # Both locks first: a stale one stops `env` before anything is installed.
     main_pins = check_lock(MAIN)
     check_lock(OVERLAY0517)
+    check_lock(OVERLAY_REALSRV)
 
     # ---- .venv
     t0 = time.monotonic()
@@ -828,6 +880,8 @@ def _env_locked() -> int:
         "importing sglang 0.5.17's disaggregation modules",
     )
 
+    env_realsrv(step, stamps)
+
     env_vllm(step)
 
     total = time.monotonic() - t_all
@@ -841,6 +895,84 @@ def _env_locked() -> int:
     else:
         log(f"env: up to date ({total:.2f}s)")
     return 0
+
+
+# --------------------------------------------------------------------------- .venv-realsrv
+
+REALSRV_IMPORT_CHECK = (
+    "import importlib.metadata as md, sglang, torch\n"
+    "import sglang.srt.entrypoints.http_server, sglang.srt.managers.scheduler\n"
+    "import sglang.srt.layers.rotary_embedding, sglang_router.launch_router\n"
+    "import sglang.srt.disaggregation.nixl.conn as c\n"
+    "assert c._normalize_kv_mem_kinds(None, 1) == ['DRAM'], 'NIXL DRAM stand-in inactive'\n"
+    "eps = [e.value for e in md.entry_points(group='sglang.srt.plugins')]\n"
+    "assert 'stallguard_sglang.plugin:register' in eps, eps\n"
+    "print(sglang.__version__, torch.__version__, md.version('sglang-router'))\n"
+)
+
+
+def realsrv_pth_text() -> str:
+    return (
+        "# Written by tools/dev.py: the CPU stand-ins of the real-server rig "
+        "(examples/real_servers/standins/README.md).\n"
+        f"import sys; p = {str(REALSRV_STANDINS)!r}; p in sys.path or sys.path.append(p); "
+        "import _stallguard_realsrv\n"
+    )
+
+
+def env_realsrv(step, main_stamps: Stamps) -> None:
+    """Build/refresh .venv-realsrv, an overlay on .venv (like .venv-sglang0517)."""
+    t0 = time.monotonic()
+    if ensure_venv(VENV_REALSRV, with_pip=False):
+        log(f"venv: created {VENV_REALSRV} in {time.monotonic() - t0:.1f}s")
+        Stamps(VENV_REALSRV).forget()
+    stamps = Stamps(VENV_REALSRV)
+    overlay = site_packages(VENV_REALSRV) / OVERLAY_REALSRV_PTH_NAME
+    overlay_text = (
+        "# Written by tools/dev.py: everything not installed here comes from .venv.\n"
+        f"import site; site.addsitedir({str(site_packages(VENV))!r})\n"
+    )
+
+    def install() -> str:
+        overlay.unlink(missing_ok=True)  # pip must neither see nor touch .venv's packages
+        return install_lock(OVERLAY_REALSRV)
+
+    step(
+        "realsrv",
+        sha(base_key(), OVERLAY_REALSRV.lock),
+        install,
+        stamps,
+        f"installing the real-server overlay from {OVERLAY_REALSRV.lock.relative_to(ROOT)}",
+    )
+    write_if_changed(overlay, overlay_text)
+    write_if_changed(site_packages(VENV_REALSRV) / PTH_NAME, pth_text())
+    write_if_changed(site_packages(VENV_REALSRV) / REALSRV_PTH_NAME, realsrv_pth_text())
+
+    def verify() -> str:
+        check_forbidden(VENV_REALSRV)
+        out = subprocess.run(
+            [str(venv_python(VENV_REALSRV)), "-c", REALSRV_IMPORT_CHECK],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        words = out.stdout.split()
+        if out.returncode != 0 or len(words) != 3:
+            raise StepError(
+                f".venv-realsrv does not import SGLang's HTTP server and the router:\n"
+                f"{out.stdout}\n{out.stderr[-3000:]}"
+            )
+        return f"sglang {words[0]} torch {words[1]} sglang-router {words[2]} import OK"
+
+    standins = sorted(REALSRV_STANDINS.rglob("*.py"))
+    step(
+        "verify .venv-realsrv",
+        sha(stamps.installs(), main_stamps.installs(), overlay_text, realsrv_pth_text(), *standins),
+        verify,
+        stamps,
+        "importing SGLang's HTTP server and the router (with the CPU stand-ins)",
+        defer_failure=True,
+    )
 
 
 # --------------------------------------------------------------------------- .venv-vllm
@@ -994,10 +1126,7 @@ def main(argv: list[str]) -> int:
                 return 2
             return docs_command()
         if cmd == "lock":
-            if rest:
-                print(f"lock takes no arguments\n{USAGE}", file=sys.stderr)
-                return 2
-            return lock_command()
+            return lock_command(rest)
     except StepError as e:
         log(f"FAILED: {e}")
         return 1

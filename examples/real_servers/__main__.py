@@ -1,0 +1,5 @@
+import sys
+
+from examples.real_servers._main import main
+
+sys.exit(main())

@@ -1,0 +1,534 @@
+"""The seeds' incident on real servers: a decode frozen while the prefill sends it a big
+KV cache, without and with stallguard-sglang (docs/demo.md, "Real servers").
+
+    .venv/bin/python -m examples.real_servers [--out DIR] [--observe S] [--sequential]
+
+Per arm, three real processes groups: an SGLang prefill and decode
+(``python -m sglang.launch_server``, NIXL over UCX/TCP on loopback) and the Rust
+``sglang-router`` in PD mode in front, with a client talking only to the router. The two
+arms differ in one environment variable of the two servers, ``STALLGUARD_SGLANG_CONFIG``
+(docs/sglang.md, "Enable"). Timeline of one arm:
+
+1. start prefill + decode, poll ``/health``; start the router; a small request through
+   the router until it answers (NIXL wire-up);
+2. ``healthy-before``: two small requests;
+3. the fault: a 2048-token request (64 MB of KV: 8 layers x 4 KV heads x 256 x fp16 x 2)
+   is prefilled in 4 chunks of 512, each chunk's KV sent to decode when its forward pass
+   is done; when the prefill starts the second chunk (its log line), the first chunk's
+   16 MB transfer has just been posted: the decode's whole process group is SIGSTOPped.
+   Time 0 is that moment;
+4. the observation window (``--observe``, 50 s): the prefill's ``/metrics`` is scraped
+   every second (``sglang:num_prefill_inflight_queue_reqs``, the stallguard counters,
+   ``sglang:num_transfer_failed_reqs_total``); the client keeps waiting;
+5. the observation point at the end of the window; then SIGCONT;
+6. the client's outcome (bounded wait), then ``healthy-after``: three requests that must
+   succeed on the same servers.
+
+Exit status 0 when the "without" arm reproduced the wedge (inflight >= 1 at the
+observation point, past the deadline) and the "with" arm released it (stallguard failed
+the request within a few seconds of its deadline, inflight back to 0, no healthy
+request failed); 1 otherwise; 2 when the environment is missing (.venv-realsrv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._servers import PYTHON, ROOT, ServerDied, ServerSet, http, wait_healthy
+
+#: The "with" arm's configuration: short demo deadlines on prefill (the side guarded in
+#: this fault), long ones on decode (which must outlast the prefill's ~20 s of compute
+#: for this prompt on 2 busy cores).
+CONFIG = """\
+# stallguard-sglang for the real-server rig (examples/real_servers)
+[prefill]
+mode = "enforce"
+
+[prefill.deadlines]
+Bootstrapping = 60
+WaitingForInput = {deadline}
+Transferring = {deadline}
+
+[decode]
+mode = "enforce"
+
+[decode.prealloc]
+Bootstrapping = 180
+WaitingForPrefill = 180
+WaitingForInput = 180
+
+[decode.transfer]
+WaitingForInput = 180
+Transferring = 180
+"""
+
+GAUGES = {
+    "inflight": "sglang:num_prefill_inflight_queue_reqs",
+    "bootstrap": "sglang:num_prefill_bootstrap_queue_reqs",
+    "forced": "sglang:stallguard_forced_failures_total",
+    "transfer_failed": "sglang:num_transfer_failed_reqs_total",
+}
+
+COUNTERS = ("forced", "transfer_failed")
+
+PROMPT_TOKENS = 2048
+CHUNK = 512
+FREEZE_AT_CHUNK = 2
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    """n distinct-enough token ids (no radix-cache hit across seeds)."""
+    return [(seed * 7919 + i * 31 + i * i) % 991 + 5 for i in range(n)]
+
+
+def generate(s: ServerSet, n: int, seed: int, timeout: float) -> dict[str, Any]:
+    body = {
+        "input_ids": prompt(n, seed),
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+    }
+    t0 = time.monotonic()
+    status, text = http("POST", s.url("router") + "/generate", body, timeout=timeout)
+    return {
+        "tokens": n,
+        "status": status,
+        "latency_s": round(time.monotonic() - t0, 2),
+        "t_end": time.monotonic(),
+        "body": text[:600],
+    }
+
+
+def group_rss_mb(pgid: int) -> float:
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 2**20
+
+
+@dataclass
+class Arm:
+    name: str
+    servers: ServerSet
+    samples: list[dict[str, float]] = field(default_factory=list)
+    events: dict[str, float] = field(default_factory=dict)
+    requests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    fault: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+def scrape(arm: Arm, t0: float) -> dict[str, float]:
+    m = arm.servers.metrics("prefill")
+    row = {"t": round(time.monotonic() - t0, 2)}
+    for key, name in GAUGES.items():
+        # a counter without a sample yet is 0 (prometheus_client exports a labelled
+        # counter only once it was incremented); a missing page is NaN
+        absent = 0.0 if m and key in COUNTERS else float("nan")
+        row[key] = m.get(name, absent) if m else float("nan")
+    return row
+
+
+def ready_router(arm: Arm, timeout: float = 120.0) -> None:
+    """Small requests through the router until one answers 200 (the router registers its
+    workers ~20 s after start; the first PD request wires NIXL up)."""
+    deadline = time.monotonic() + timeout
+    tries: list[dict[str, Any]] = []
+    seed = 1000
+    router = arm.servers.procs["router"]
+    while time.monotonic() < deadline:
+        if not router.alive():
+            raise ServerDied(router)
+        seed += 1
+        r = generate(arm.servers, 16, seed, timeout=60)
+        tries.append(r)
+        if r["status"] == 200:
+            arm.requests["warmup"] = tries[-1:]
+            arm.events["router_ready_tries"] = len(tries)
+            return
+        time.sleep(2)
+    raise TimeoutError(f"{arm.name}: router never answered 200: {tries[-1]}")
+
+
+def prepare(arm: Arm) -> None:
+    """The router answers; two healthy requests; the memory the arm takes."""
+    try:
+        ready_router(arm)
+        arm.requests["healthy_before"] = [generate(arm.servers, 16, 100 + i, 60) for i in range(2)]
+        arm.events["rss_mb"] = round(sum(group_rss_mb(p.pgid) for p in arm.servers), 0)
+    except Exception as e:  # reported by run()
+        arm.errors.append(f"{type(e).__name__}: {e}")
+
+
+def prefill_batch_lines(arm: Arm) -> int:
+    return arm.servers.procs["prefill"].log_text().count("Prefill batch")
+
+
+def run_fault(arm: Arm, observe: float, thaw_wait: float, deadline: float) -> None:
+    """The decode frozen mid-transfer, for one arm (runs in its own thread)."""
+    s = arm.servers
+    decode = s.procs["decode"]
+    before = prefill_batch_lines(arm)
+    result: dict[str, Any] = {}
+    client = threading.Thread(
+        target=lambda: result.update(
+            generate(s, PROMPT_TOKENS, 7, timeout=observe + thaw_wait + 120)
+        ),
+        daemon=True,
+    )
+    t_sent = time.monotonic()
+    client.start()
+    # freeze when the prefill starts chunk FREEZE_AT_CHUNK: the KV of the chunk before
+    # was posted to NIXL a moment ago (bounded: the prompt takes ~20-40 s here)
+    limit = t_sent + 240
+    while prefill_batch_lines(arm) - before < FREEZE_AT_CHUNK:
+        if time.monotonic() > limit or not client.is_alive():
+            arm.errors.append(f"the prefill never reached chunk {FREEZE_AT_CHUNK}: {result}")
+            return
+        time.sleep(0.05)
+    decode.freeze()
+    t0 = time.monotonic()
+    arm.events["freeze_after_send_s"] = round(t0 - t_sent, 2)
+    # the window: at least `observe`, and at least deadline + 15 s after the request
+    # was first seen in the inflight queue (its last chunk's forward pass comes after the
+    # freeze, later on a busier machine), at most 3 * observe
+    end = t0 + observe
+    while time.monotonic() < end:
+        row = scrape(arm, t0)
+        row["client_waiting"] = float(client.is_alive())
+        arm.samples.append(row)
+        if "inflight_entry" not in arm.fault and row["inflight"] >= 1:
+            arm.fault["inflight_entry"] = row["t"]
+            end = min(max(end, t0 + row["t"] + deadline + 15), t0 + 3 * observe)
+        time.sleep(1.0)
+    obs = scrape(arm, t0)
+    obs["client_waiting"] = float(client.is_alive())
+    arm.fault["observation"] = obs
+    decode.thaw()
+    arm.events["thaw_s"] = round(time.monotonic() - t0, 2)
+    t_thaw = time.monotonic()
+    while client.is_alive() and time.monotonic() - t_thaw < thaw_wait:
+        row = scrape(arm, t0)
+        row["client_waiting"] = float(client.is_alive())
+        arm.samples.append(row)
+        time.sleep(1.0)
+    client.join(timeout=0.1)
+    if result:
+        result["t_end_s"] = round(result.pop("t_end") - t0, 2)
+    arm.fault["client"] = result or {
+        "status": None,
+        "note": f"no answer {thaw_wait:.0f} s after thaw",
+    }
+    arm.fault["t0"] = t0
+    # what the prefill's metrics say when a stallguard failure / the gauge first changed
+    for row in arm.samples:
+        if "inflight_from_s" not in arm.events and row["inflight"] >= 1:
+            arm.events["inflight_from_s"] = row["t"]
+        if (
+            "released_s" not in arm.events
+            and "inflight_from_s" in arm.events
+            and row["inflight"] == 0
+        ):
+            arm.events["released_s"] = row["t"]
+        if "forced_s" not in arm.events and row["forced"] >= 1:
+            arm.events["forced_s"] = row["t"]
+
+
+def after(arm: Arm, t0: float) -> None:
+    rows = [generate(arm.servers, n, 2000 + i, timeout=120) for i, n in enumerate((16, 16, 512))]
+    for r in rows:
+        r["t_end_s"] = round(r.pop("t_end") - t0, 2)
+    arm.requests["healthy_after"] = rows
+    time.sleep(2)
+    arm.fault["final"] = scrape(arm, t0)
+
+
+def forced_failure_log(arm: Arm) -> list[str]:
+    return [
+        line
+        for line in arm.servers.procs["prefill"].log_text().splitlines()
+        if "stallguard forced failure" in line
+    ]
+
+
+def run(
+    out: Path,
+    *,
+    deadline: float = 20.0,
+    observe: float = 50.0,
+    thaw_wait: float = 90.0,
+    sequential: bool = False,
+    arms: tuple[str, ...] = ("without", "with"),
+    log: Any = print,
+) -> dict[str, Any]:
+    """Run the scenario; returns what results.json holds. Always stops every process it
+    started."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "stallguard-sglang.toml"
+    config.write_text(CONFIG.format(deadline=deadline))
+    t_all = time.monotonic()
+    made = {
+        name: Arm(name, ServerSet(name, out / "logs", config if name == "with" else None))
+        for name in arms
+    }
+    batches = [list(made.values())] if not sequential else [[a] for a in made.values()]
+    try:
+        for batch in batches:
+            for a in batch:
+                a.servers.start_servers()
+            log(
+                f"started {', '.join(a.name for a in batch)}: prefill + decode, waiting for /health"
+            )
+            wait_healthy([a.servers for a in batch])
+            for a in batch:
+                log(f"{a.name}: healthy after {a.servers.healthy_after}")
+                a.servers.start_router()
+            for a in batch:
+                ready_router(a)
+                a.requests["healthy_before"] = [
+                    generate(a.servers, 16, 100 + i, 60) for i in range(2)
+                ]
+                a.events["rss_mb"] = round(sum(group_rss_mb(p.pgid) for p in a.servers), 0)
+            log("routers ready; the fault: decode SIGSTOPped mid-transfer of a 64 MB KV")
+            threads = [
+                threading.Thread(target=run_fault, args=(a, observe, thaw_wait, deadline))
+                for a in batch
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for a in batch:
+                if "t0" in a.fault:
+                    after(a, a.fault["t0"])
+                a.fault["stallguard_log"] = forced_failure_log(a)
+            for a in batch:
+                a.servers.stop()
+    finally:
+        for a in made.values():
+            a.servers.stop()
+    results = {
+        "deadline_s": deadline,
+        "observe_s": observe,
+        "prompt_tokens": PROMPT_TOKENS,
+        "kv_mb": PROMPT_TOKENS * 8 * 4 * 256 * 2 * 2 / 2**20,
+        "total_s": round(time.monotonic() - t_all, 1),
+        "arms": {
+            a.name: {
+                "healthy_after": a.servers.healthy_after,
+                "events": a.events,
+                "requests": a.requests,
+                "fault": {k: v for k, v in a.fault.items() if k != "t0"},
+                "samples": a.samples,
+                "errors": a.errors,
+                "ports": a.servers.ports,
+            }
+            for a in made.values()
+        },
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    """What went wrong (empty: the wedge reproduced without, released with)."""
+    bad: list[str] = []
+    deadline = results["deadline_s"]
+    arms = results["arms"]
+    for name, a in arms.items():
+        bad += [f"{name}: {e}" for e in a["errors"]]
+        ok = [
+            r["status"] == 200
+            for k in ("warmup", "healthy_before", "healthy_after")
+            for r in a["requests"].get(k, [])
+        ]
+        if not ok or not all(ok):
+            bad.append(f"{name}: a healthy request failed or none ran")
+    w = arms.get("without")
+    if w and not w["errors"]:
+        obs = w["fault"].get("observation", {})
+        if not obs.get("inflight", 0) >= 1:
+            bad.append(
+                f"without: inflight {obs.get('inflight')} at the observation point (no wedge)"
+            )
+        if not obs.get("client_waiting"):
+            bad.append("without: the client was not waiting any more at the observation point")
+        if w["fault"].get("stallguard_log"):
+            bad.append("without: stallguard failed something")
+    g = arms.get("with")
+    if g and not g["errors"]:
+        obs = g["fault"].get("observation", {})
+        ev = g["events"]
+        if obs.get("inflight") != 0 or obs.get("forced") != 1:
+            bad.append(
+                f"with: at the observation point inflight={obs.get('inflight')} "
+                f"forced={obs.get('forced')}"
+            )
+        if "forced_s" not in ev or "inflight_from_s" not in ev:
+            bad.append("with: no forced failure seen on /metrics")
+        elif ev["forced_s"] > ev["inflight_from_s"] + deadline + 5:
+            bad.append(
+                f"with: released at +{ev['forced_s']} s, later than inflight + deadline + 5 s"
+            )
+        client = g["fault"].get("client", {})
+        if client.get("status") in (200, None):
+            bad.append(f"with: the client did not get an error: {client}")
+    return bad
+
+
+def fmt(x: Any, unit: str = "") -> str:
+    if x is None or x != x:
+        return "-"
+    return f"{x:g}{unit}" if isinstance(x, float) else f"{x}{unit}"
+
+
+def table(results: dict[str, Any]) -> str:
+    d = results["deadline_s"]
+    head = [
+        "arm", "healthy after (prefill/decode)", "RSS", "inflight >= 1 from",
+        "stallguard failed it", "inflight at obs.", "forced failures", "transfer failed",
+        "SIGCONT", "client", "healthy after the fault",
+    ]  # fmt: skip
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, a in results["arms"].items():
+        ev, f = a["events"], a["fault"]
+        obs, fin = f.get("observation", {}), f.get("final", {})
+        c = f.get("client", {})
+        if c.get("status") == 200:
+            outcome = f"200 at +{fmt(c.get('t_end_s'))} s"
+        elif c.get("status"):
+            outcome = f"{c['status']} at +{fmt(c.get('t_end_s'))} s"
+        else:
+            outcome = "no answer"
+        waiting = " (waiting at obs.)" if obs.get("client_waiting") else ""
+        ha = a["requests"].get("healthy_after", [])
+        rows.append(
+            f"| {name} | {fmt(round(a['healthy_after'].get('prefill', float('nan'))))}/"
+            f"{fmt(round(a['healthy_after'].get('decode', float('nan'))))} s "
+            f"| {fmt(ev.get('rss_mb'))} MB "
+            f"| +{fmt(ev.get('inflight_from_s'))} s "
+            f"| {'+' + fmt(ev['forced_s']) + ' s' if 'forced_s' in ev else 'never'} "
+            f"| {fmt(obs.get('inflight'))} | {fmt(fin.get('forced', obs.get('forced')))} "
+            f"| {fmt(fin.get('transfer_failed', obs.get('transfer_failed')))} "
+            f"| +{fmt(ev.get('thaw_s'))} s | {outcome}{waiting} "
+            f"| {sum(r['status'] == 200 for r in ha)}/{len(ha)} |"
+        )
+    rows.append("")
+    rows.append(
+        "Times are seconds after the decode was SIGSTOPped (mid-transfer of the "
+        f"{PROMPT_TOKENS}-token, {results['kv_mb']:.0f} MB KV); deadline {d:g} s "
+        "(WaitingForInput, Transferring), "
+        f"observation point and SIGCONT at +{results['observe_s']:g} s or deadline + 15 s "
+        "after the request was first seen in the inflight queue, whichever is later. "
+        f"Total {results['total_s']:g} s."
+    )
+    return "\n".join(rows)
+
+
+def picture(results: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    colors = {"without": "tab:red", "with": "tab:blue"}
+    widths = {"without": 3.5, "with": 1.8}
+    for name, a in results["arms"].items():
+        s = a["samples"]
+        ax.step(
+            [r["t"] for r in s],
+            [r["inflight"] for r in s],
+            where="post",
+            color=colors.get(name),
+            lw=widths.get(name, 2.0),
+            label=f"{name} stallguard",
+        )
+        ev = a["events"]
+        if "forced_s" in ev:
+            ax.axvline(ev["forced_s"], color=colors.get(name), ls=":", lw=1)
+        if name == "with" and "inflight_from_s" in ev:
+            due = ev["inflight_from_s"] + results["deadline_s"]
+            ax.axvline(due, color="k", ls="--", lw=0.8, label="deadline (with), from first sample")
+    thaw = next(
+        (a["events"].get("thaw_s") for a in results["arms"].values() if "thaw_s" in a["events"]),
+        None,
+    )
+    if thaw:
+        ax.axvspan(0, thaw, color="0.9", zorder=0, label="decode SIGSTOPped")
+    ax.set_xlabel("seconds since the decode froze mid-transfer")
+    ax.set_ylabel("prefill inflight queue")
+    ax.set_yticks([0, 1])
+    ax.set_title(
+        "real SGLang 0.5.23 PD servers + sglang-router: sglang:num_prefill_inflight_queue_reqs"
+    )
+    ax.legend(loc="center right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m examples.real_servers", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--out", type=Path, default=Path("real_servers_out"))
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=20.0,
+        help="prefill WaitingForInput/Transferring deadline (s)",
+    )
+    p.add_argument("--observe", type=float, default=50.0, help="seconds the decode stays frozen")
+    p.add_argument(
+        "--sequential", action="store_true", help="one arm at a time (half the memory and CPU)"
+    )
+    p.add_argument("--arms", default="without,with")
+    args = p.parse_args(argv)
+    if not PYTHON.exists():
+        print(
+            f"{PYTHON} is missing: run `python3 tools/dev.py env` (it builds .venv-realsrv)",
+            file=sys.stderr,
+        )
+        return 2
+    results = run(
+        args.out.resolve(),
+        deadline=args.deadline,
+        observe=args.observe,
+        sequential=args.sequential,
+        arms=tuple(args.arms.split(",")),
+        log=lambda m: print(f"[real_servers] {m}", flush=True),
+    )
+    text = table(results)
+    (args.out / "results.md").write_text(text + "\n")
+    print(text)
+    if picture(results, args.out / "real_servers.png"):
+        print(f"picture: {args.out / 'real_servers.png'}")
+    for name, a in results["arms"].items():
+        for line in a["fault"].get("stallguard_log", []):
+            print(f"{name} prefill log: {line}")
+    bad = verdict(results)
+    for b in bad:
+        print(f"NOT OK: {b}")
+    print(f"outputs in {args.out} (logs/, results.json)")
+    return 1 if bad else 0
+
+
+__all__ = ["ROOT", "main", "run", "table", "verdict"]

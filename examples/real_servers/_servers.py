@@ -1,0 +1,308 @@
+"""Real SGLang PD servers: prefill + decode (``python -m sglang.launch_server``) and the
+Rust ``sglang-router`` in front, each in its own process group, on loopback.
+
+The servers run in ``.venv-realsrv`` (``python3 tools/dev.py env``), whose CPU stand-ins
+(standins/README.md) are the only thing that is not what a GPU deployment runs, plus the
+two flags in :data:`CPU_STANDIN_FLAGS`. stallguard-sglang is enabled exactly as
+docs/sglang.md tells users: the installed package's ``sglang.srt.plugins`` entry point,
+and ``STALLGUARD_SGLANG_CONFIG`` in the servers' environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv-realsrv"
+PYTHON = VENV / "bin" / "python"
+MODEL = Path(__file__).resolve().parent / "models" / "tiny-llama-bigkv"
+HOST = "127.0.0.1"
+
+#: Flags that stand in for a GPU (standins/README.md): both servers / decode only.
+CPU_STANDIN_FLAGS = ["--disable-overlap-schedule"]
+CPU_STANDIN_DECODE_FLAGS = ["--disaggregation-decode-retraction-backup", "none"]
+
+#: What both servers run with: the tiny model with dummy weights, CPU, metrics on.
+COMMON_FLAGS = [
+    "--model-path", str(MODEL), "--load-format", "dummy", "--device", "cpu",
+    "--skip-tokenizer-init", "--attention-backend", "torch_native", "--disable-cuda-graph",
+    "--tp", "1", "--host", HOST, "--enable-metrics",
+    "--disaggregation-transfer-backend", "nixl",
+]  # fmt: skip
+
+#: Environment of every server: loopback only, NIXL over UCX's TCP transport.
+SERVER_ENV = {
+    "SGLANG_HOST_IP": HOST,
+    "UCX_TLS": "tcp,self",
+    "UCX_NET_DEVICES": "lo",
+    "PYTHONUNBUFFERED": "1",
+}
+
+#: How long a process group may live at most (a leftover after a crash of the driver).
+LIFETIME_S = 1800
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def http(
+    method: str, url: str, body: Mapping[str, object] | None = None, timeout: float = 5.0
+) -> tuple[int, str]:
+    """(status, body text); status 0 for a connection error or a timeout."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (OSError, TimeoutError) as e:
+        return 0, f"{type(e).__name__}: {e}"
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {name: value summed over label sets}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            with suppress(ValueError):
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
+@dataclass
+class Proc:
+    """One process group started by :func:`spawn` (``setsid``: pgid == pid)."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    frozen: bool = False
+
+    @property
+    def pgid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pgid, sig)
+
+    def freeze(self) -> None:
+        self.signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.frozen = False
+
+    def stop(self) -> None:
+        """SIGCONT (a stopped group ignores SIGTERM until then), SIGTERM, then SIGKILL."""
+        if self.popen.poll() is not None and not self._group_exists():
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and self._group_exists():
+            time.sleep(0.2)
+        self.signal(signal.SIGKILL)
+        with suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+
+    def _group_exists(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def spawn(name: str, argv: list[str], env: Mapping[str, str], log: Path) -> Proc:
+    """Start *argv* in a new session (its own process group), output to *log*, under
+    ``timeout`` so that nothing outlives :data:`LIFETIME_S`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(
+            ["timeout", "--kill-after=10", str(LIFETIME_S), *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    return Proc(name, popen, log)
+
+
+def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) -> dict[str, str]:
+    """The servers' environment: this one minus any STALLGUARD_SGLANG* (the "without"
+    arm must not inherit one), the checkout first on PYTHONPATH (so the code under test
+    is this checkout's, in every spawned scheduler process too), and
+    ``STALLGUARD_SGLANG_CONFIG`` for the "with" arm: the one thing that differs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # SGLang makes its own per server
+    paths = [str(ROOT), str(ROOT / "adapters" / "sglang" / "src")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
+    env.update(SERVER_ENV)
+    if stallguard_config is not None:
+        env["STALLGUARD_SGLANG_CONFIG"] = str(stallguard_config)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class ServerSet:
+    """Prefill + decode + router for one arm ("without" or "with" stallguard)."""
+
+    arm: str
+    logs: Path
+    stallguard_config: Path | None
+    max_total_tokens: int = 8192
+    chunked_prefill_size: int = 512
+    ports: dict[str, int] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    started_at: float = 0.0
+    healthy_after: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.ports:
+            p = free_ports(5)
+            names = ("prefill", "bootstrap", "decode", "router", "router_metrics")
+            self.ports = dict(zip(names, p, strict=True))
+
+    def url(self, name: str) -> str:
+        return f"http://{HOST}:{self.ports[name]}"
+
+    def server_argv(self, mode: str) -> list[str]:
+        argv = [str(PYTHON), "-m", "sglang.launch_server", *COMMON_FLAGS, *CPU_STANDIN_FLAGS]
+        argv += ["--max-total-tokens", str(self.max_total_tokens)]
+        argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
+        argv += ["--port", str(self.ports[mode]), "--disaggregation-mode", mode]
+        if mode == "prefill":
+            argv += ["--disaggregation-bootstrap-port", str(self.ports["bootstrap"])]
+        else:
+            argv += CPU_STANDIN_DECODE_FLAGS
+        return argv
+
+    def router_argv(self) -> list[str]:
+        # Health checks, the circuit breaker and retries off: with them, a SIGSTOPped
+        # decode makes the router refuse every request ("all circuits open"), which is
+        # the router's own protection, not the server's, and not what is measured here.
+        return [
+            str(PYTHON), "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", self.url("prefill"), str(self.ports["bootstrap"]),
+            "--decode", self.url("decode"), "--host", HOST, "--port", str(self.ports["router"]),
+            "--disable-health-check", "--disable-circuit-breaker", "--disable-retries",
+            # its own Prometheus exporter (default :29000, which two routers cannot share)
+            "--prometheus-host", HOST, "--prometheus-port", str(self.ports["router_metrics"]),
+        ]  # fmt: skip
+
+    def start_servers(self) -> None:
+        env = server_env(self.stallguard_config)
+        self.started_at = time.monotonic()
+        for mode in ("prefill", "decode"):
+            self.procs[mode] = spawn(
+                f"{self.arm}-{mode}",
+                self.server_argv(mode),
+                env,
+                self.logs / f"{self.arm}-{mode}.log",
+            )
+
+    def start_router(self) -> None:
+        env = server_env(None)
+        self.procs["router"] = spawn(
+            f"{self.arm}-router", self.router_argv(), env, self.logs / f"{self.arm}-router.log"
+        )
+
+    def poll_health(self) -> dict[str, int]:
+        """One /health probe of each server that is not healthy yet; records when each
+        first answered 200. Raises if a server process died."""
+        for mode in ("prefill", "decode"):
+            if mode in self.healthy_after:
+                continue
+            proc = self.procs[mode]
+            if not proc.alive():
+                raise ServerDied(proc)
+            status, _ = http("GET", self.url(mode) + "/health", timeout=3)
+            if status == 200:
+                self.healthy_after[mode] = time.monotonic() - self.started_at
+        return {m: int(m in self.healthy_after) for m in ("prefill", "decode")}
+
+    @property
+    def healthy(self) -> bool:
+        return len(self.healthy_after) == 2
+
+    def metrics(self, name: str = "prefill") -> dict[str, float]:
+        status, text = http("GET", self.url(name) + "/metrics", timeout=3)
+        return parse_metrics(text) if status == 200 else {}
+
+    def metrics_text(self, name: str = "prefill") -> str:
+        status, text = http("GET", self.url(name) + "/metrics", timeout=3)
+        return text if status == 200 else ""
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+    def __iter__(self) -> Iterator[Proc]:
+        return iter(self.procs.values())
+
+
+class ServerDied(RuntimeError):
+    def __init__(self, proc: Proc) -> None:
+        tail = "\n".join(proc.log_text().splitlines()[-25:])
+        super().__init__(
+            f"{proc.name} exited with {proc.popen.returncode} (log {proc.log}):\n{tail}"
+        )
+        self.proc = proc
+
+
+def wait_healthy(sets: list[ServerSet], timeout: float = 420.0, every: float = 3.0) -> None:
+    """Poll every set's servers' /health until all answer 200 (starts take ~90-110 s
+    here, more when the sets start together)."""
+    deadline = time.monotonic() + timeout
+    while not all(s.healthy for s in sets):
+        if time.monotonic() > deadline:
+            states = {s.arm: s.healthy_after for s in sets}
+            raise TimeoutError(f"servers not healthy after {timeout:.0f} s: {states}")
+        for s in sets:
+            s.poll_health()
+        time.sleep(every)
