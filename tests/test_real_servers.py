@@ -20,11 +20,15 @@ names the error, whether the launcher or (the file broken after the launcher rea
 the scheduler process meets it.
 
 Needs .venv-realsrv (``python3 tools/dev.py env``); skipped, saying so, without it.
-About 6 minutes on 2 busy cores (each server takes ~90-140 s to start).
+About 6 minutes on 2 quiet cores, 10 under load (each server takes ~90-180 s to start):
+more than the whole suite's budget allows, so it is **opt-in** for now:
+``STALLGUARD_REAL_SERVERS=1 python3 tools/dev.py test tests/test_real_servers.py``
+(docs/testing.md). Skipped, saying so, otherwise.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -54,7 +58,16 @@ def _environment_problem() -> str | None:
     return None
 
 
-PROBLEM = _environment_problem() if srv.PYTHON.exists() else f"{srv.PYTHON} is missing"
+OPT_IN = "STALLGUARD_REAL_SERVERS"
+if os.environ.get(OPT_IN) != "1":
+    PROBLEM: str | None = (
+        f"opt-in: set {OPT_IN}=1 (two real server sets take 6-10 minutes, over the "
+        "suite's budget; docs/testing.md)"
+    )
+elif not srv.PYTHON.exists():
+    PROBLEM = f"{srv.PYTHON} is missing"
+else:
+    PROBLEM = _environment_problem()
 
 pytestmark = [
     pytest.mark.sglang,
