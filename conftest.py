@@ -13,10 +13,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hypothesis import settings
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent
+
+# Hypothesis profiles of the whole suite (tests/, adapters/*/tests/). No property test
+# here is about how long one example takes, and hypothesis's default 200 ms per-example
+# deadline fails them on a loaded machine (a DeadlineExceeded that says nothing about the
+# code), so the default profile, "suite", has none. "long" is for local hunting
+# (docs/testing.md). HYPOTHESIS_PROFILE picks one; --hypothesis-profile overrides both.
+settings.register_profile("suite", deadline=None)
+settings.register_profile("long", max_examples=5_000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 def _setup(namespace: dict) -> None:

@@ -7,12 +7,13 @@ from hypothesis import settings
 
 from stallguard.instrumentation import disable_metrics, set_on_expire_hooks
 
-# A longer run of every property test, for local hunting (docs/testing.md):
+# The hypothesis profiles ("suite", the default: no per-example deadline; "long", for
+# local hunting) are registered and loaded by the repository's root conftest.py, so that
+# the adapters' tests get them too (docs/testing.md):
 #   HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest tests/...
 # or pytest's --hypothesis-profile=long. Tests that set their own max_examples size it
 # with tests/_profiles.py's at_least(), so the profile raises it too.
-settings.register_profile("long", max_examples=5_000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.fixture(autouse=True)

@@ -24,8 +24,15 @@ in a subprocess, and asserts on the outcome table it wrote (results.json):
   a table and a TOML block, and a prefill enforcing the suggestions (merged over the
   configured deadlines) releases the frozen decode's requests without collateral.
 
+Every deadline the demo enforces is the profile's scaled by what the machine measured at
+warm-up (examples/pd_wedge/_calibrate.py: healthy round trips and loop gaps); the timing
+assertions are against those derived deadlines, recorded per run as ``calibration``. A
+healthy request failed anyway is a false positive: the demo lists it with its phase, its
+time there and the deadline, and the tests fail with that explanation.
+
 Needs the environment `python3 tools/dev.py env` builds (skipped otherwise). About two
-minutes on 2 cores.
+minutes on 2 idle cores; longer on a loaded machine, where the derived deadlines (and
+with them the fault windows) grow.
 """
 
 from __future__ import annotations
@@ -38,15 +45,19 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDED = ("sglang", "nixl", "mooncake", "stallguard_sglang", "matplotlib")
 MISSING = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+TIMEOUT = 1500  # seconds for the whole demo (about 130 s on 2 idle cores)
 
 pytestmark = [
     pytest.mark.sglang,
     pytest.mark.engines,
     pytest.mark.slow,
+    # the demo's windows follow the derived deadlines: on a loaded machine a run is longer
+    pytest.mark.timeout(TIMEOUT + 60),
     pytest.mark.skipif(
         bool(MISSING),
         reason=f"needs the .venv built by `python3 tools/dev.py env` (missing: {MISSING})",
@@ -75,12 +86,51 @@ def demo(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=TIMEOUT,
     )
     results = out / "results.json"
     assert results.exists(), f"no results (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     runs = json.loads(results.read_text())["runs"]
     return proc, out, {(r["engine"], r["scenario"], r["arm"]): r for r in runs}
+
+
+def explain(r: dict) -> str:
+    """The false positives of run *r*, as the demo explains them."""
+    from examples.pd_wedge._driver import explain_false_positive
+
+    lines = [explain_false_positive(r, fp) for fp in r["false_positives"]]
+    return f"{len(lines)} healthy requests failed:\n" + "\n".join(lines)
+
+
+def assert_no_false_positive(r: dict) -> None:
+    """No healthy request was failed; if one was, say which, in which phase, after how
+    long, against which (derived) deadline."""
+    assert r["healthy"] > 0
+    assert r["healthy_failed"] == 0 and not r["false_positives"], explain(r)
+
+
+def test_deadlines_are_derived_from_the_warm_up(demo):
+    """Each rig measured healthy round trips before its guarded processes started, and
+    the deadlines every run was configured with follow from it."""
+    proc, out, runs = demo
+    data = json.loads((out / "results.json").read_text())
+    base = data["profile"]
+    assert set(data["calibrations"]) == {
+        f"{e}/{side}" for e in ("nixl", "mooncake") for side in ("prefill", "decode")
+    }
+    for cal in data["calibrations"].values():
+        assert cal["requests"] >= 8 and cal["failed"] == 0, cal
+        assert cal["scale"] >= 1
+        for state, value in cal["deadlines"].items():
+            assert value == pytest.approx(base["deadlines"][state] * cal["scale"], abs=0.051)
+        # the shortest deadline keeps the headroom the rule asks for, unless capped
+        shortest = cal["base_shortest_deadline"] * cal["scale"]
+        if not cal["capped"]:
+            assert shortest >= cal["rtt_headroom"] * cal["rtt_ms"]["max"] / 1000 - 0.051
+            assert cal["window"] > max(cal["deadlines"].values())
+    assert "warm-up measurement:" in proc.stdout
+    for r in runs.values():
+        assert r["calibration"] == data["calibrations"][f"{r['engine']}/{r['side']}"]
 
 
 def test_command_succeeds_and_prints_the_table(demo):
@@ -111,8 +161,7 @@ def test_stallguard_releases_without_collateral(demo, engine, scenario):
     r = demo[2][(engine, scenario, "with")]
     assert r["pinned"] == 0, r["pinned_detail"]
     assert r["left"] == 0, r["left_detail"]
-    assert r["healthy_failed"] == 0
-    assert r["healthy"] > 0
+    assert_no_false_positive(r)
     assert r["late_releases"] == 0, r["release_latency_ms"]
     assert not r["problems"], r["problems"]
     assert r["sent"] == r["completed"] + r["failed_stallguard"] + r["failed_sglang"]
@@ -155,7 +204,7 @@ def test_stallguard_on_decode_fails_each_pinned_phase_at_its_deadline(demo, engi
     r = demo[2][(engine, scenario, "with")]
     assert r["pinned"] == 0, r["pinned_detail"]
     assert r["left"] == 0, r["left_detail"]
-    assert r["healthy"] > 0 and r["healthy_failed"] == 0
+    assert_no_false_positive(r)
     assert r["late_releases"] == 0, r["release_latency_ms"]
     assert not r["problems"], r["problems"]
     assert r["sent"] == r["completed"] + r["failed_stallguard"] + r["failed_sglang"]
@@ -175,11 +224,15 @@ def test_advice_section_shadow_advise_enforce(demo, engine):
     assert f"== inflight queue, {engine}" in advice
     assert "# paste into the file STALLGUARD_SGLANG_CONFIG names:" in advice
     block = advice.split("names:", 1)[1]
-    assert "[prefill.deadlines]" in block and "WaitingForInput = 1" in block, advice
+    assert "[prefill.deadlines]" in block and "WaitingForInput = " in block, advice
+    suggested = tomllib.loads(block)["prefill"]["deadlines"]["WaitingForInput"]
+    # the floor given to advise is the derived one (1 s on an idle machine)
+    floor = 1.0 * shadow["calibration"]["scale"]
+    assert suggested >= floor - 0.051, advice
     assert "## Advice: shadow -> advise -> enforce" in proc.stdout
     advised = runs[(engine, "freeze", "advised")]
     assert advised["pinned"] == 0 and advised["left"] == 0, advised["pinned_detail"]
-    assert advised["healthy"] > 0 and advised["healthy_failed"] == 0
+    assert_no_false_positive(advised)
     assert advised["late_releases"] == 0 and not advised["problems"]
     assert advised["failed_stallguard"] > 0
-    assert advised["deadlines"]["WaitingForInput"] == 1
+    assert advised["deadlines"]["WaitingForInput"] == suggested

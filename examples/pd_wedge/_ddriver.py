@@ -22,7 +22,7 @@ import signal
 import time
 from pathlib import Path
 
-from . import _procs
+from . import _calibrate, _procs
 from ._config import Profile, write_stallguard_config
 from ._driver import (
     ARMS,
@@ -32,6 +32,7 @@ from ._driver import (
     RunResult,
     _outcome,
     _reason_key,
+    false_positive,
     progress_line,
 )
 from ._rpc import WorkerError
@@ -51,6 +52,9 @@ class DecodeRig:
         self.ports = {name: _procs.free_port() for name in PREFILLS}
         self.workers: dict[str, _procs.Worker] = {}
         self.room = 100_000_000
+        #: the warm-up measurement; ``profile`` is the derived one once it is done
+        self.base_profile = profile
+        self.calibration: dict = {}
 
     def _worker(self, name: str, role: str, **spec) -> _procs.Worker:
         spec.setdefault("engine", self.engine)
@@ -68,8 +72,19 @@ class DecodeRig:
             )
         for name in PREFILLS:
             self.workers[f"prefill-{name}"].wait_ready(120)
-        cfg = write_stallguard_config(self.profile, self.out / "stallguard-sglang.toml")
-        for arm in ARMS:
+        # The decode server without stallguard first: warm-up, then the measurement that
+        # sets the deadlines the "with" server is launched with.
+        self._start_decodes(("without",))
+        self.warm_up()
+        self.calibrate()
+        self._start_decodes(("with",))
+        self.warm_up()
+
+    def _start_decodes(self, arms: tuple[str, ...]) -> None:
+        cfg = self.out / "stallguard-sglang.toml"
+        if "with" in arms:
+            write_stallguard_config(self.profile, cfg)
+        for arm in arms:
             env = {"STALLGUARD_SGLANG_CONFIG": str(cfg)} if arm == "with" else {}
             self._worker(
                 f"decode-{arm}",
@@ -80,7 +95,7 @@ class DecodeRig:
                 loop_interval=self.profile.loop_interval,
                 env=env,
             )
-        for arm in ARMS:
+        for arm in arms:
             info = self.workers[f"decode-{arm}"].wait_ready(120)
             if info["hooked"] != (arm == "with"):
                 raise HarnessError(
@@ -89,7 +104,10 @@ class DecodeRig:
                     "(is stallguard-sglang installed in this environment? log: "
                     f"{self.workers[f'decode-{arm}'].spec['log']})"
                 )
-        self.warm_up()
+
+    def arms(self) -> tuple[str, ...]:
+        """The decode servers started so far."""
+        return tuple(arm for arm in ARMS if f"decode-{arm}" in self.workers)
 
     def prefill(self, name: str) -> _procs.Worker:
         return self.workers[f"prefill-{name}"]
@@ -97,10 +115,10 @@ class DecodeRig:
     def decode(self, arm: str) -> _procs.Worker:
         return self.workers[f"decode-{arm}"]
 
-    def send(self, prefill: str) -> dict[str, str]:
+    def send(self, prefill: str, arms: tuple[str, ...] = ARMS) -> dict[str, str]:
         """One client request, through each decode server: arm -> rid."""
         rids = {}
-        for arm in ARMS:
+        for arm in arms:
             self.room += 1
             rid = f"{arm}-{self.room}"
             self.prefill(prefill).rpc.send("submit", room=self.room, pages=4, tag=arm)
@@ -112,9 +130,9 @@ class DecodeRig:
         """First rooms on a new pair pay for connection set-up (UCX wire-up ~1-2 s)."""
         for name in PREFILLS:
             for _ in range(2):
-                self.send(name)
+                self.send(name, self.arms())
         deadline = time.monotonic() + 60
-        for arm in ARMS:
+        for arm in self.arms():
             while self.decode(arm).rpc.call("snapshot")["rows"]:
                 if time.monotonic() > deadline:
                     raise HarnessError(f"{self.engine}: decode warm-up rooms did not finish")
@@ -124,9 +142,44 @@ class DecodeRig:
                 raise HarnessError(f"{self.engine}: decode warm-up rooms failed: {got}")
         self.reset()
 
+    def calibrate(self) -> None:
+        """Measure healthy round trips through the decode server without stallguard, at
+        the profile's rate, and derive the deadlines from them (``_calibrate.py``)."""
+        p, arm = self.base_profile, "without"
+        rng = random.Random(f"calibrate-{self.engine}")
+        n = max(8, round(_calibrate.SECONDS * p.rate))
+        sent: dict[str, float] = {}
+        next_submit = time.monotonic()
+        for i in range(n):
+            delay = next_submit - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            now = time.monotonic()
+            for rid in self.send(PREFILLS[i % 2], (arm,)).values():
+                sent[rid] = now
+            next_submit += rng.uniform(0.6, 1.4) / p.rate
+        deadline = time.monotonic() + 60
+        while self.decode(arm).rpc.call("snapshot")["rows"]:
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{self.engine}: decode warm-up measurement did not finish")
+            time.sleep(0.05)
+        got = self.decode(arm).rpc.call("collect")
+        rtts, failed = [], 0
+        for rid, rel in got["released"].items():
+            if rid not in sent:
+                continue
+            if rel[1]:
+                rtts.append(rel[0] - sent[rid])
+            else:
+                failed += 1
+        first = min(sent.values())
+        gaps = _calibrate.pass_gaps(s[0] for s in got["samples"] if s[0] >= first)
+        self.profile, self.calibration = _calibrate.derive(p, "decode", rtts, gaps, failed)
+        self.reset()
+
     def reset(self) -> dict[str, dict]:
-        """Clear both decode servers and both prefills; returns what the prefills said."""
-        for arm in ARMS:
+        """Clear the decode servers and both prefills; returns what the prefills said."""
+        for arm in self.arms():
             left = self.decode(arm).rpc.call("reset", timeout=20)
             if left:
                 raise HarnessError(f"{self.engine}: decode {arm} kept {left} requests")
@@ -150,7 +203,10 @@ class DecodeRun:
         self.scenario = scenario
         self.rng = random.Random(f"{seed}-{rig.engine}-{scenario}")
         self.meta: dict[str, dict] = {}  # rid -> {prefill, t}
-        self.results = {arm: RunResult(rig.engine, scenario, arm, side="decode") for arm in ARMS}
+        self.results = {
+            arm: RunResult(rig.engine, scenario, arm, side="decode", calibration=rig.calibration)
+            for arm in ARMS
+        }
         self.recovered: float | None = None  # prefill A worked through its backlog
 
     def _inject(self) -> None:
@@ -221,7 +277,9 @@ class DecodeRun:
         return time.monotonic()
 
     def _drain(self) -> None:
-        deadline = time.monotonic() + self.p.drain + 2.0  # + the resumed prefill's backlog
+        # + the resumed prefill's backlog (longer on a slower machine, with a longer window)
+        backlog = 2.0 * self.rig.calibration.get("scale", 1.0)
+        deadline = time.monotonic() + self.p.drain + backlog
         rows = {arm: self.rig.decode(arm).rpc.call("snapshot")["rows"] for arm in ARMS}
         while any(rows.values()) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -307,7 +365,8 @@ class DecodeRun:
                 else _reason_key(reason)
             )
             r.reasons[key] = r.reasons.get(key, 0) + 1
-            if STALLGUARD_MARK in reason:
+            by_stallguard = STALLGUARD_MARK in reason
+            if by_stallguard:
                 r.failed_stallguard += 1
                 r.releases.append((t, "stallguard"))
                 r.forced(t, since + p.decode_deadline(queue, phase), calls[queue])
@@ -316,6 +375,18 @@ class DecodeRun:
                 r.releases.append((t, "sglang"))
             if not faulted:
                 r.healthy_failed += 1
+                false_positive(
+                    r,
+                    rid,
+                    self.meta[rid]["prefill"],
+                    self.meta[rid]["t"],
+                    t,
+                    "stallguard" if by_stallguard else "SGLang",
+                    reason,
+                    phase=f"{queue} {phase}" if by_stallguard else None,
+                    since=since if by_stallguard else None,
+                    deadline=p.decode_deadline(queue, phase) if by_stallguard else None,
+                )
 
 
 def run_all(
@@ -335,7 +406,7 @@ def run_all(
             rig.start()
             log(
                 f"[{engine}] bootstrap + 2 prefills + 2 decode servers up and warm in "
-                f"{time.monotonic() - t:.1f}s"
+                f"{time.monotonic() - t:.1f}s; {_calibrate.describe(rig.calibration)}"
             )
             for scenario in scenarios:
                 t = time.monotonic()

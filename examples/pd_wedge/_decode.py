@@ -59,14 +59,20 @@ def run(conn: Connection, spec: dict) -> None:
     _kv.install_context("decode", engine, ports[0])
     pool = _kv.HostPool(layout)
     mgr = _kv.make_manager(engine, "decode", pool)
+
+    def connect(ports: list[int]) -> None:
+        """Fetch the parallel info of each prefill's bootstrap server (once per address;
+        prefills started after this decode are added by the driver the same way)."""
+        for port in ports:
+            addr = f"{_kv.HOST}:{port}"
+            deadline = time.monotonic() + 30
+            while not mgr.try_ensure_parallel_info(addr):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"decode could not fetch prefill parallel info from {addr}")
+                time.sleep(0.05)
+
     # One decode serves every prefill of the run (one bootstrap address each).
-    for port in ports:
-        addr = f"{_kv.HOST}:{port}"
-        deadline = time.monotonic() + 30
-        while not mgr.try_ensure_parallel_info(addr):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"decode could not fetch prefill parallel info from {addr}")
-            time.sleep(0.05)
+    connect(ports)
     if engine == "mooncake":
         from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (
             get_mooncake_transfer_engine,
@@ -138,6 +144,7 @@ def run(conn: Connection, spec: dict) -> None:
         "flag": set_flag,
         "collect": collect,
         "reset": reset,
+        "connect": connect,
         "ping": lambda: os.getpid(),
         "shard_port": lambda: shard_port,
         "shutdown": shutdown,

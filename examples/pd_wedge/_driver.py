@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _procs
+from . import _calibrate, _procs
 from ._config import STATES, Profile, write_report_config, write_stallguard_config
 from ._rpc import WorkerError
 
@@ -87,6 +87,11 @@ class RunResult:
     #: per request: rid -> [decode, sent at, released at or None, outcome, faulted,
     #: [(t, KVPoll state)...]]; times in seconds relative to ``t0``
     requests: dict[str, list] = field(default_factory=dict)
+    #: the rig's warm-up measurement and the deadlines derived from it (_calibrate.py)
+    calibration: dict = field(default_factory=dict)
+    #: every healthy request that was failed: a false positive, with its timing (see
+    #: :func:`false_positive`); never tolerated by :meth:`ok`
+    false_positives: list[dict] = field(default_factory=list)
 
     def forced(self, t: float, due: float, calls: list[float]) -> None:
         """Count a release by stallguard at *t* of a deadline due at *due*; *calls* are
@@ -108,9 +113,65 @@ class RunResult:
             self.pinned == 0
             and self.left == 0
             and self.healthy_failed == 0
+            and not self.false_positives
             and self.late_releases == 0
             and not self.problems
         )
+
+
+def false_positive(
+    r: RunResult,
+    rid: str,
+    peer: str,
+    sent: float,
+    released: float,
+    by: str,
+    reason: str,
+    phase: str | None = None,
+    since: float | None = None,
+    deadline: float | None = None,
+) -> dict:
+    """The record of a healthy request that was failed, and why that is a false positive
+    (times relative to the run's start, durations in seconds)."""
+    entry = {
+        "rid": rid,
+        "peer": peer,
+        "by": by,
+        "sent_s": round(sent - r.t0, 3),
+        "released_s": round(released - r.t0, 3),
+        "round_trip_s": round(released - sent, 3),
+        "phase": phase,
+        "in_phase_s": None if since is None else round(released - since, 3),
+        "deadline_s": deadline,
+        "reason": reason[:300],
+    }
+    r.false_positives.append(entry)
+    return entry
+
+
+def explain_false_positive(r: RunResult | dict, fp: dict) -> str:
+    """One line: which healthy request, which phase, how long against which deadline."""
+    get = r.get if isinstance(r, dict) else lambda k: getattr(r, k)
+    where = f"{get('engine')}/{get('scenario')} ({get('side')} side, {get('arm')})"
+    peer = f"{'decode' if get('side') == 'prefill' else 'prefill'} {fp['peer']}"
+    text = (
+        f"FALSE POSITIVE {where}: healthy request {fp['rid']} (to {peer}, sent at "
+        f"{fp['sent_s']:.2f}s) failed by {fp['by']} at {fp['released_s']:.2f}s"
+    )
+    if fp["phase"] is not None and fp["in_phase_s"] is not None:
+        text += (
+            f" in {fp['phase']} after {fp['in_phase_s']:.2f}s there (deadline "
+            f"{fp['deadline_s']}s, round trip so far {fp['round_trip_s']:.2f}s)"
+        )
+    else:
+        text += f" after {fp['round_trip_s']:.2f}s: {fp['reason'][:120]}"
+    cal = get("calibration") or {}
+    if cal:
+        text += (
+            f"; warm-up round trip max {cal['rtt_ms']['max']} ms, loop gap max "
+            f"{cal['max_pass_gap_ms']} ms, deadlines x{cal['scale']:g}"
+        )
+    return text
 
 
 # --------------------------------------------------------------------------- the rig
@@ -142,6 +203,9 @@ class Rig:
         self.shard: dict[str, int] = {}
         self.room = 0
         self.starts = 0
+        #: the warm-up measurement; ``profile`` is the derived one once it is done
+        self.base_profile = profile
+        self.calibration: dict = {}
 
     # -- process management
 
@@ -169,10 +233,12 @@ class Rig:
         )
 
     def _start_decode(self, name: str) -> _procs.Worker:
+        """A decode connected to the bootstrap server of every prefill started so far
+        (:meth:`connect_decodes` adds the later ones)."""
         self.starts += 1
         spec = dict(
             engine=self.engine,
-            bootstrap_ports=list(self.ports.values()),
+            bootstrap_ports=[self.ports[arm] for arm in self.prefill],
             layout=self.layout,
             slot_pages=self.profile.max_turn_tokens,
             log=_procs.log_path(self.out, f"{self.engine}-decode-{name}"),
@@ -196,11 +262,27 @@ class Rig:
         return self.prefill[arm].wait_ready(120)
 
     def start(self) -> None:
-        for arm in self.arms:
+        """The prefill without stallguard and both decodes; warm-up; the measurement
+        that sets the deadlines (:meth:`calibrate`); then the prefills that read
+        ``STALLGUARD_SGLANG_CONFIG``, written with the derived deadlines."""
+        self._start_prefills(("without",))
+        for name in ("A", "B"):
+            self.decode[name] = self._start_decode(name)
+        for name in ("A", "B"):
+            self._ready_decode(name)
+        self.warm_up(("A", "B"))
+        self.calibrate()
+        later = tuple(arm for arm in self.arms if arm != "without")
+        self._start_prefills(later)
+        self.connect_decodes()
+        self.warm_up(("A", "B"))
+
+    def _start_prefills(self, arms: tuple[str, ...]) -> None:
+        for arm in arms:
             self.prefill[arm] = _procs.Worker(
                 f"{self.engine}-prefill-{arm}", "prefill", self._prefill_spec(arm)
             )
-        for arm in self.arms:
+        for arm in arms:
             info = self._ready_prefill(arm)
             if arm != "without" and not info["hooked"]:
                 raise HarnessError(
@@ -211,11 +293,45 @@ class Rig:
                 )
             if arm == "without" and info["hooked"]:
                 raise HarnessError("the 'without' prefill has the inflight queue wrapped")
+
+    def connect_decodes(self) -> None:
+        """Have both decodes fetch the parallel info of every prefill (as they do at
+        start for the prefills that were up then)."""
+        ports = [self.ports[arm] for arm in self.prefill]
         for name in ("A", "B"):
-            self.decode[name] = self._start_decode(name)
+            self.decode[name].rpc.call("connect", ports=ports, timeout=90)
+
+    def calibrate(self) -> None:
+        """Measure healthy round trips through the prefill without stallguard, at the
+        profile's rate, and derive the deadlines from them (``_calibrate.py``)."""
+        p, arm = self.base_profile, "without"
+        rng = random.Random(f"calibrate-{self.engine}")
+        n = max(8, round(_calibrate.SECONDS * p.rate))
+        next_submit = time.monotonic()
+        for i in range(n):
+            delay = next_submit - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            tokens = rng.randint(4, p.max_turn_tokens)
+            self._send(arm, "AB"[i % 2], tokens, deliver=True)
+            next_submit += rng.uniform(0.6, 1.4) / p.rate
+        deadline = time.monotonic() + 60
+        while self.prefill[arm].rpc.call("snapshot")["rows"]:
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{self.engine}: warm-up measurement did not finish")
+            time.sleep(0.05)
+        got = self.prefill[arm].rpc.call("collect")
+        rtts, failed = [], 0
+        for rid, rel in got["released"].items():
+            if rel[1]:
+                rtts.append(rel[0] - got["submitted"][rid][0])
+            else:
+                failed += 1
+        first = min((s[0] for s in got["submitted"].values()), default=0.0)
+        gaps = _calibrate.pass_gaps(s[0] for s in got["samples"] if s[0] >= first)
+        self.profile, self.calibration = _calibrate.derive(p, "prefill", rtts, gaps, failed)
         for name in ("A", "B"):
-            self._ready_decode(name)
-        self.warm_up(("A", "B"))
+            self.decode[name].rpc.call("reset")
 
     def add_prefill(self, arm: str, config: Path) -> None:
         """Start one more prefill arm with *config* (the advice section's "advised"),
@@ -545,6 +661,7 @@ class Run:
             by_stallguard = STALLGUARD_MARK in reason
             key = _reason_key(reason)
             r.reasons[key] = r.reasons.get(key, 0) + 1
+            due = None
             if by_stallguard:
                 r.failed_stallguard += 1
                 r.releases.append((t, "stallguard"))
@@ -556,6 +673,20 @@ class Run:
                 r.releases.append((t, "sglang"))
             if not faulted:
                 r.healthy_failed += 1
+                state = next((s for s in STATES if f"KVPoll.{s}" in reason), None)
+                limit = None if state is None else p.deadline(self.rig.engine, state)
+                false_positive(
+                    r,
+                    rid,
+                    self.meta[rid]["decode"],
+                    self.meta[rid]["t"],
+                    t,
+                    "stallguard" if by_stallguard else "SGLang",
+                    reason,
+                    phase=state if by_stallguard else None,
+                    since=None if due is None or limit is None else due - limit,
+                    deadline=limit,
+                )
         for stats in decode_stats.values():
             for status, verified, _ in stats["outcome"].values():
                 if status == "ok":
@@ -645,7 +776,7 @@ def run_all(
             rig.start()
             log(
                 f"[{engine}] {len(rig.arms)} prefills + 2 decodes up and warm in "
-                f"{time.monotonic() - t:.1f}s"
+                f"{time.monotonic() - t:.1f}s; {_calibrate.describe(rig.calibration)}"
             )
             for scenario in scenarios:
                 for arm in ARMS:
@@ -653,11 +784,14 @@ def run_all(
                         rig.restart_decode("A")
                     t = time.monotonic()
                     result = Run(rig, scenario, arm, seed).execute()
+                    result.calibration = rig.calibration
                     results.append(result)
                     log(progress_line(result, time.monotonic() - t))
             if advice:
                 t = time.monotonic()
                 runs, advised[engine] = _shadow.run(rig, seed, log=log)
+                for result in runs:
+                    result.calibration = rig.calibration
                 results += runs
                 for result in runs:
                     log(progress_line(result, time.monotonic() - t))

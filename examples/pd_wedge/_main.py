@@ -12,9 +12,10 @@ from . import _config, _env
 
 EPILOG = """\
 exit status: 0 if, in every "with stallguard" run, nothing was left pinned, no healthy
-request failed and every forced failure was released by the first scheduler loop pass
-after its deadline (so at most one loop interval late); 1 otherwise; 2 if the demo
-could not run.
+request failed (each that did is a false positive, listed with its timing) and every
+forced failure was released by the first scheduler loop pass after its deadline (so at
+most one loop interval late); 1 otherwise; 2 if the demo could not run. The deadlines are
+the profile's, scaled per rig by what a warm-up measurement of healthy requests took.
 """
 
 
@@ -101,9 +102,9 @@ def main(argv=None) -> int:
 
     print(
         f"pd_wedge: profile {profile.name}, engines {','.join(args.engines)}, scenarios "
-        f"{','.join(args.scenarios)}; deadlines {profile.deadlines} (mooncake "
-        f"WaitingForInput {profile.mooncake_waiting}s), loop {profile.loop_interval * 1000:.0f}"
-        f" ms; logs in {out / 'logs'}",
+        f"{','.join(args.scenarios)}; base deadlines {profile.deadlines} (mooncake "
+        f"WaitingForInput {profile.mooncake_waiting}s), scaled per rig by its warm-up "
+        f"measurement; loop {profile.loop_interval * 1000:.0f} ms; logs in {out / 'logs'}",
         flush=True,
     )
     t = time.monotonic()
@@ -135,6 +136,12 @@ def main(argv=None) -> int:
     print(table)
     print()
     print(_report.summary(results))
+    derived_text = _report.calibration_section(results)
+    fp_text = _report.false_positive_section(results)
+    print()
+    print(derived_text)
+    print()
+    print(fp_text)
     advice_text = _report.advice_section(results, advice, profile)
     if advice_text:
         print()
@@ -144,6 +151,10 @@ def main(argv=None) -> int:
         _report.markdown_table(results)
         + "\n\n"
         + _report.summary(results)
+        + "\n\n"
+        + derived_text
+        + "\n\n"
+        + fp_text
         + "\n"
         + (f"\n{advice_text}\n" if advice_text else "")
     )
@@ -154,7 +165,8 @@ def main(argv=None) -> int:
         print(
             f"FAIL {r.engine}/{r.scenario} ({r.side} side) with stallguard: "
             f"pinned={r.pinned} left={r.left} "
-            f"healthy_failed={r.healthy_failed} late_releases={r.late_releases} "
+            f"healthy_failed={r.healthy_failed} (false positives, listed above) "
+            f"late_releases={r.late_releases} "
             f"problems={r.problems[:3]}"
         )
     return 1 if bad else 0

@@ -88,6 +88,46 @@ def summary(results: list[RunResult]) -> str:
     )
 
 
+def calibration_section(results: list[RunResult]) -> str:
+    """What each rig measured at warm-up and the deadlines derived from it."""
+    from ._calibrate import describe
+
+    seen: dict[tuple[str, str], dict] = {}
+    for r in results:
+        if r.calibration:
+            seen.setdefault((r.engine, r.side), r.calibration)
+    if not seen:
+        return ""
+    lines = ["Deadlines derived from the warm-up measurement of each rig:"]
+    for (engine, side), cal in seen.items():
+        lines.append(f"- {engine}, {side} side: {describe(cal)}")
+    return "\n".join(lines)
+
+
+def false_positive_section(results: list[RunResult], limit: int = 10) -> str:
+    """Every healthy request that was failed, named with its timing: a false positive to
+    explain, never noise (the demo exits 1 on any)."""
+    from ._driver import explain_false_positive
+
+    runs = [r for r in results if r.false_positives]
+    if not runs:
+        return "False positives: none (no healthy request was failed)."
+    total = sum(len(r.false_positives) for r in runs)
+    lines = [
+        f"FALSE POSITIVES: {total} healthy requests were failed (each below: the phase it "
+        "was failed in, how long it had been there, and the deadline):"
+    ]
+    for r in runs:
+        for fp in r.false_positives[:limit]:
+            lines.append("- " + explain_false_positive(r, fp))
+        if len(r.false_positives) > limit:
+            lines.append(
+                f"- ... and {len(r.false_positives) - limit} more in {r.engine}/{r.scenario} "
+                f"({r.arm}); all of them in results.json, runs[].false_positives"
+            )
+    return "\n".join(lines)
+
+
 def advice_section(results: list[RunResult], advice: dict[str, str], profile: Profile) -> str:
     """The advice section: per engine, what the shadow arm recorded, what `advise`
     printed, and what enforcing its suggestions did to the same fault."""
@@ -125,7 +165,18 @@ def markdown_table(results: list[RunResult]) -> str:
 
 
 def save_json(results: list[RunResult], profile: Profile, path: Path) -> None:
-    data = {"profile": profile.as_dict(), "runs": [asdict(r) for r in results]}
+    """Every run; ``profile`` is the one the demo was started with, ``calibrations`` what
+    each rig measured at warm-up and the deadlines it derived (each run carries its own
+    rig's as ``calibration``)."""
+    calibrations: dict[str, dict] = {}
+    for r in results:
+        if r.calibration:
+            calibrations.setdefault(f"{r.engine}/{r.side}", r.calibration)
+    data = {
+        "profile": profile.as_dict(),
+        "calibrations": calibrations,
+        "runs": [asdict(r) for r in results],
+    }
     path.write_text(json.dumps(data, indent=1, default=str))
 
 
@@ -205,10 +256,14 @@ def plot(results: list[RunResult], profile: Profile, path: Path) -> Path:
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=7, loc="upper right")
-    dl = ", ".join(f"{k} {v:g}s" for k, v in profile.deadlines.items())
+    # the deadlines in force: the profile's, scaled by the rigs' warm-up measurements
+    cal = {r.side: r.calibration for r in results if r.calibration}
+    deadlines = cal["prefill"]["deadlines"] if "prefill" in cal else profile.deadlines
+    decode = cal["decode"]["decode_deadlines"] if "decode" in cal else profile.decode_deadlines
+    dl = ", ".join(f"{k} {v:g}s" for k, v in deadlines.items())
     ddl = "; ".join(
         f"{queue} " + ", ".join(f"{k} {v:g}s" for k, v in phases.items())
-        for queue, phases in profile.decode_deadlines.items()
+        for queue, phases in decode.items()
     )
     fig.suptitle(
         f"Prefill inflight queue under decode faults (deadlines: {dl});\ndecode queues "
