@@ -288,6 +288,9 @@ class Rig:
 
     def _start_prefills(self, arms: tuple[str, ...]) -> None:
         for arm in arms:
+            # picked now, not when the rig was made: the guarded arms start a minute later
+            # (after the warm-up measurement), time enough for the port to be taken
+            self.ports[arm] = _procs.free_port()
             self.prefill[arm] = _procs.Worker(
                 f"{self.engine}-prefill-{arm}", "prefill", self._prefill_spec(arm)
             )
