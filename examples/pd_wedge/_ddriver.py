@@ -155,8 +155,11 @@ class DecodeRig:
             if delay > 0:
                 time.sleep(delay)
             now = time.monotonic()
-            for rid in self.send(PREFILLS[i % 2], (arm,)).values():
-                sent[rid] = now
+            # two rooms per request, as in the runs (one through each decode server): the
+            # prefills carry the runs' load (the one decode server here, twice its share)
+            for _ in ARMS:
+                for rid in self.send(PREFILLS[i % 2], (arm,)).values():
+                    sent[rid] = now
             next_submit += rng.uniform(0.6, 1.4) / p.rate
         deadline = time.monotonic() + 60
         while self.decode(arm).rpc.call("snapshot")["rows"]:
