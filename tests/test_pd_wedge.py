@@ -69,25 +69,34 @@ pytestmark = [
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("pd_wedge")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "examples.pd_wedge",
-            "--quick",
-            "--engines",
-            "nixl,mooncake",
-            "--scenarios",
-            "freeze,aborts,prefill-freeze,prefill-freeze-sent",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    # The demo's output goes to a file as it runs: on a timeout, what it printed so far
+    # (each rig's warm-up measurement and derived deadlines, each run) is the evidence.
+    log = out / "demo-output.txt"
+    with log.open("w") as stdout:
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "examples.pd_wedge",
+                    "--quick",
+                    "--engines",
+                    "nixl,mooncake",
+                    "--scenarios",
+                    "freeze,aborts,prefill-freeze,prefill-freeze-sent",
+                    "--out",
+                    str(out),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=stdout,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the demo took over {TIMEOUT} s; its output:\n{log.read_text()[-6000:]}")
+    proc = subprocess.CompletedProcess(done.args, done.returncode, log.read_text(), "")
     results = out / "results.json"
     assert results.exists(), f"no results (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     runs = json.loads(results.read_text())["runs"]

@@ -56,3 +56,20 @@ def test_a_false_positive_is_explained_with_its_phase_time_and_deadline():
     assert "in prealloc Bootstrapping after 1.35s there (deadline 1.2s" in text
     assert "warm-up round trip max 100.0 ms" in text
     assert not r.ok()
+
+
+def test_an_on_time_release_allows_for_the_clock_read_inside_a_slow_call():
+    """The harness stamps a call's start; the adapter reads its clock inside the call. A
+    deadline due 20 ms before a call's stamp may still be ahead of the adapter's read when
+    the call took 30 ms: the next call's release is on time then, not on an idle machine."""
+    calls = [10.0, 10.04, 10.08]
+    idle = RunResult("nixl", "freeze", "with")
+    idle.measure_slack([0.001, 0.002])
+    idle.forced(10.04, 9.98, calls)
+    assert idle.late_releases == 1 and idle.clock_slack_ms == 5.0
+    loaded = RunResult("nixl", "freeze", "with")
+    loaded.measure_slack([0.001, 0.03])
+    loaded.forced(10.04, 9.98, calls)
+    assert loaded.late_releases == 0 and loaded.clock_slack_ms == 30.0
+    loaded.forced(10.08, 9.98, calls)  # a whole call late is still late
+    assert loaded.late_releases == 1

@@ -8,7 +8,9 @@ connections are warm and before the processes that read ``STALLGUARD_SGLANG_CONF
 start, sends a short stream of healthy requests at the demo's rate through the arm
 without stallguard and measures
 
-* the round trip of each (submitted -> released, on the shared monotonic clock), and
+* the round trip of each (submitted -> released, on the shared monotonic clock; on the
+  decode side every request is sent as two rooms, as the runs send one through each
+  decode server, so that the prefills carry the runs' load), and
 * the longest gap between two starts of the guarded loop (a scheduler loop pass, or a
   decode queue call), which bounds how late any deadline can be noticed;
 

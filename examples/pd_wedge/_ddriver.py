@@ -155,8 +155,11 @@ class DecodeRig:
             if delay > 0:
                 time.sleep(delay)
             now = time.monotonic()
-            for rid in self.send(PREFILLS[i % 2], (arm,)).values():
-                sent[rid] = now
+            # two rooms per request, as in the runs (one through each decode server): the
+            # prefills carry the runs' load (the one decode server here, twice its share)
+            for _ in ARMS:
+                for rid in self.send(PREFILLS[i % 2], (arm,)).values():
+                    sent[rid] = now
             next_submit += rng.uniform(0.6, 1.4) / p.rate
         deadline = time.monotonic() + 60
         while self.decode(arm).rpc.call("snapshot")["rows"]:
@@ -324,6 +327,9 @@ class DecodeRun:
         r.samples = [
             (s[0], s[2], s[3] + s[4], s[5]) for s in got["samples"] if r.t0 <= s[0] <= r.end
         ]
+        # the guarded calls: prealloc from s[0] to s[1], transfer from s[1] to s[2]
+        window = [s for s in got["samples"] if r.t0 <= s[0] <= r.end]
+        r.measure_slack([d for s in window for d in (s[1] - s[0], s[2] - s[1])])
         starts = [s[0] for s in r.samples]
         r.max_pass_gap_ms = round(
             1000 * max((b - a for a, b in itertools.pairwise(starts)), default=0.0),
