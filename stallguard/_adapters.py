@@ -19,6 +19,9 @@ Pure Python, no engine import; not part of the public API (adapters import it as
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -26,7 +29,16 @@ from ._config import _error, _parse_toml, _show, _unknown_key
 from ._errors import ConfigError
 from ._validate import TOO_LARGE, seconds_or_problem, shorten
 
-__all__ = ["TableReader", "describe_exception", "env_enabled", "read_config", "read_toml"]
+__all__ = [
+    "TableReader",
+    "describe_exception",
+    "env_enabled",
+    "read_config",
+    "read_toml",
+    "run_console",
+    "version_action",
+    "versions_line",
+]
 
 T = TypeVar("T")
 
@@ -195,3 +207,51 @@ class TableReader:
                 + too_large,
             )
         return seconds
+
+
+def versions_line(adapter: str, engine: str, engine_label: str, supported: str) -> str:
+    """``"<adapter> X (stallguard Y; <engine_label> Z, supported S)"``, from the installed
+    distributions' metadata (``not installed`` for a missing one): what an adapter's
+    ``--version`` prints."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (
+        f"{adapter} {of(adapter)} (stallguard {of('stallguard')}; "
+        f"{engine_label} {of(engine)}, supported {supported})"
+    )
+
+
+def version_action(text: Callable[[], str]) -> type[argparse.Action]:
+    """An argparse action class for ``--version`` that prints ``text()`` and exits 0."""
+
+    class _VersionAction(argparse.Action):
+        def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+            super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+        def __call__(
+            self, parser: argparse.ArgumentParser, *args: object, **kwargs: object
+        ) -> None:
+            print(text())
+            parser.exit(0)
+
+    return _VersionAction
+
+
+def run_console(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """*main* for a command line: a reader that closes the pipe early (``| head``) ends
+    the output quietly instead of with a traceback (exit status 1)."""
+    try:
+        status = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # what is left to print goes nowhere (Python's documented recipe)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status

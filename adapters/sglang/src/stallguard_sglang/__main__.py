@@ -21,11 +21,11 @@ command too.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import NoReturn
 
 from stallguard import ConfigError
+from stallguard._adapters import run_console, version_action, versions_line
 
 from ._config import BACKENDS, ENV_CONFIG, ENV_ENABLE, load_config
 from ._profiles import decode_support_table, format_support_table, support_table
@@ -61,18 +61,7 @@ def _version_arg(text: str) -> str:
 
 
 def _versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def of(dist: str) -> str:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return "not installed"
-
-    return (
-        f"stallguard-sglang {of('stallguard-sglang')} (stallguard {of('stallguard')}; "
-        f"SGLang {of('sglang')}, supported {SUPPORTED_SGLANG})"
-    )
+    return versions_line("stallguard-sglang", "sglang", "SGLang", SUPPORTED_SGLANG)
 
 
 def one_line(text: str) -> str:
@@ -89,13 +78,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
 
 
-class _VersionAction(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        print(_versions())
-        parser.exit(EXIT_OK)
+_VersionAction = version_action(lambda: _versions())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,17 +162,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console(argv: list[str] | None = None) -> int:
-    """:func:`main` for a command line: a reader that closes the pipe early (``| head``)
-    ends the output quietly instead of with a traceback (exit status 1)."""
-    try:
-        status = main(argv)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # what is left to print goes nowhere (Python's documented recipe)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
-    return status
+    """:func:`main` for a command line (the ``stallguard-sglang`` script): quiet on a
+    closed pipe (exit status 1)."""
+    return run_console(main, argv)
 
 
 if __name__ == "__main__":

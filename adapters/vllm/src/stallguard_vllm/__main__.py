@@ -12,11 +12,11 @@ vLLM. Exit status:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import NoReturn
 
 from stallguard import ConfigError
+from stallguard._adapters import run_console, version_action, versions_line
 from stallguard._validate import seconds_or_problem
 
 from ._config import ENV_CONFIG, ENV_ENABLE, connector_config
@@ -49,27 +49,10 @@ def _seconds(text: str) -> float:
 
 
 def _versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def of(dist: str) -> str:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return "not installed"
-
-    return (
-        f"stallguard-vllm {of('stallguard-vllm')} (stallguard {of('stallguard')}; "
-        f"vLLM {of('vllm')}, supported {SUPPORTED_VLLM})"
-    )
+    return versions_line("stallguard-vllm", "vllm", "vLLM", SUPPORTED_VLLM)
 
 
-class _VersionAction(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        print(_versions())
-        parser.exit(EXIT_OK)
+_VersionAction = version_action(lambda: _versions())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,16 +105,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console(argv: list[str] | None = None) -> int:
-    """:func:`main` for a command line: a reader that closes the pipe early (``| head``)
-    ends the output quietly instead of with a traceback (exit status 1)."""
-    try:
-        status = main(argv)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
-    return status
+    """:func:`main` for a command line (the ``stallguard-vllm`` script): quiet on a
+    closed pipe (exit status 1)."""
+    return run_console(main, argv)
 
 
 if __name__ == "__main__":
