@@ -75,6 +75,15 @@ class DecodeNode:
                     raise TimeoutError(f"decode could not fetch prefill parallel info from {addr}")
                 time.sleep(0.05)
 
+    def close(self) -> None:
+        """Release the manager's transport resources. Mooncake's transfer engine is one
+        per process (SGLang's ``init_mooncake_transfer_engine``) and keeps every buffer
+        a manager registered: a later node whose buffers land at the same addresses is
+        refused ("does not support overlapped memory region") and receives nothing.
+        NIXL gives each manager an agent of its own, released with it."""
+        if self.engine == "mooncake":
+            self.mgr.teardown()  # deregisters the buffers, stops the manager's threads
+
 
 class HostPools:
     """Stands in for decode's GPU memory pools: ``free_slots`` requests fit, each in a

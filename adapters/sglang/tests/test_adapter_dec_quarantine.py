@@ -108,7 +108,9 @@ def node(peer):
     from pd_wedge import _kv
 
     ds.install_decode_context(peer.port, "early", engine=peer.engine)
-    return ds.DecodeNode(peer.addr, engine=peer.engine, layout=_kv.Layout(**LAYOUT))
+    n = ds.DecodeNode(peer.addr, engine=peer.engine, layout=_kv.Layout(**LAYOUT))
+    yield n
+    n.close()
 
 
 @pytest.fixture

@@ -81,7 +81,9 @@ def peer(engine):
 
 @pytest.fixture(scope="module")
 def node(peer):
-    return start_node(peer, "early")
+    n = start_node(peer, "early")
+    yield n
+    n.close()
 
 
 @contextlib.contextmanager
@@ -363,7 +365,9 @@ def pc_peer(engine):
 
 @pytest.fixture(scope="module")
 def pc_node(pc_peer):
-    return start_node(pc_peer, "prefill_complete")
+    n = start_node(pc_peer, "prefill_complete")
+    yield n
+    n.close()
 
 
 @pytest.fixture
