@@ -1,6 +1,7 @@
-"""(Named to run before test_adapter_decode.py: after that module's Mooncake decode engine in
-the same process, this module's Mooncake decode received no bytes of the WRITE within 60 s,
-3 of 3 runs, while it passes run first or alone; cause not found yet.)
+"""(Order no longer matters: SGLang's Mooncake transfer engine is one per process and kept
+the buffers of a finished module's decode node registered, so a later node whose buffers
+landed at the same addresses was refused and received nothing. Nodes are now torn down
+after their module, ``DecodeNode.close``; both orders pass.)
 
 Issue 19, SGLang decode: a forced failure never hands memory to another request while
 a transfer may still write it. On the REAL SGLang 0.5.23 decode queues and a real
