@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
 
 from stallguard import ConfigError
-from stallguard._adapters import run_console, version_action, versions_line
+from stallguard.adapters import OneLineParser, one_line, run_console, version_action
 
 from ._config import BACKENDS, ENV_CONFIG, ENV_ENABLE, load_config
 from ._profiles import decode_support_table, format_support_table, support_table
-from .package import SUPPORTED_SGLANG, is_supported, parse_version, sglang_version
+from .package import SUPPORTED_SGLANG, is_supported, parse_version, sglang_version, support
 
 __all__ = [
     "OneLineParser",
@@ -60,25 +59,7 @@ def _version_arg(text: str) -> str:
     return text
 
 
-def _versions() -> str:
-    return versions_line("stallguard-sglang", "sglang", "SGLang", SUPPORTED_SGLANG)
-
-
-def one_line(text: str) -> str:
-    """*text* on one line (an exception's message may hold line breaks)."""
-    return " ".join(text.splitlines())
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr (no usage dump), exit
-    status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        """One line on stderr (no usage dump), exit status 2."""
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
-
-
-_VersionAction = version_action(lambda: _versions())
+_VersionAction = version_action(lambda: support().versions_line("stallguard-sglang"))
 
 
 def main(argv: list[str] | None = None) -> int:
