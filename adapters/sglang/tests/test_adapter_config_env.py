@@ -192,3 +192,22 @@ def test_any_overrides_are_applied_or_one_named_error(env: dict[str, str], file:
                 assert seconds is None or (seconds > 0 and math.isfinite(seconds))
     assert config.decode.quarantine > 0 and math.isfinite(config.decode.quarantine)
     assert config.prefill.mode in ("enforce", "report", "off")
+
+
+def test_the_cli_validates_a_file_with_the_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stallguard_sglang.__main__ import EXIT_USAGE, main
+
+    path = tmp_path / "sg.toml"
+    path.write_text("[prefill]\nmode = 'enforce'\n")
+    monkeypatch.setenv("STALLGUARD_SGLANG", "0")  # the switch is not what --config reads
+    monkeypatch.setenv("STALLGUARD_SGLANG_MODE", "report")
+    main(["--config", str(path)])
+    out = capsys.readouterr().out
+    assert f"config: {path} + environment (STALLGUARD_SGLANG_MODE)" in out
+    monkeypatch.setenv("STALLGUARD_SGLANG_MODE", "reprot")
+    assert main(["--config", str(path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert 'STALLGUARD_SGLANG_MODE = "reprot": must be one of' in err
