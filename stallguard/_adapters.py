@@ -83,7 +83,7 @@ def env_enabled(environ: Mapping[str, str], *, enable_var: str, config_var: str)
 def read_toml(path: str, *, var: str) -> dict[str, Any]:
     """Parse the TOML file *path* (named by the environment variable *var*).
 
-    Every failure to read or parse it is a :class:`ConfigError` naming the file: I/O,
+    Every failure to read or parse it is a :class:`~stallguard.ConfigError` naming the file: I/O,
     encoding (TOML files are UTF-8), syntax, values nested thousands deep, integers of
     more digits than Python reads, anything else the parser raises.
 
@@ -109,7 +109,7 @@ def read_toml(path: str, *, var: str) -> dict[str, Any]:
 def read_config(path: str, *, var: str, parse: Callable[[dict[str, Any]], T]) -> T:
     """:func:`read_toml`, then *parse* (the adapter's schema) on the document: the
     boundary where an adapter's file becomes its configuration. Whatever goes wrong is a
-    :class:`ConfigError` naming the file: *parse*'s own (naming the key and the value),
+    :class:`~stallguard.ConfigError` naming the file: *parse*'s own (naming the key and the value),
     and any other exception while interpreting the document (a value nested too deeply,
     a stallguard bug) as ``path: cannot interpret it: ...``, so an engine never starts
     on a file it was given but could not apply.
@@ -180,8 +180,8 @@ class TableReader:
         source: the file (or ``"<dict>"``, or the engine option) for messages.
         where: the table's dotted name (``""`` for the top level).
         allowed: the keys the table may hold.
-        what: what a key names, for the unknown-key message (``"key"``, ``"transfer
-            backend"``...).
+        what: what a key names, for the unknown-key message: ``"key"``, or
+            ``"transfer backend"``, say.
 
     Raises:
         ConfigError: on construction, if *table* is not a table or holds a key outside
@@ -215,7 +215,7 @@ class TableReader:
         return key in self.table
 
     def error(self, key: object, value: object, problem: str) -> ConfigError:
-        """A :class:`ConfigError` for ``source: [where] key = value: problem``."""
+        """A :class:`~stallguard.ConfigError` for ``source: [where] key = value: problem``."""
         where = f"[{self.where}] " if self.where else ""
         return ConfigError(
             printable(f"{self.source}: {where}{_key(key)} = {_render(value)}: {problem}")
@@ -304,7 +304,7 @@ class EnvReader:
 
     Raises:
         ConfigError: on construction, for a variable under *prefix* that is neither
-            *known* nor *ignore*d (with a "did you mean" hint): a misspelt override is
+            in *known* nor in *ignore* (with a "did you mean" hint): a misspelt override is
             refused, never ignored.
     """
 
@@ -337,7 +337,7 @@ class EnvReader:
         return iter(sorted(self.values))
 
     def error(self, var: str, value: object, problem: str) -> ConfigError:
-        """A :class:`ConfigError` for ``environment: VAR = value: problem``."""
+        """A :class:`~stallguard.ConfigError` for ``environment: VAR = value: problem``."""
         return ConfigError(printable(f"environment: {_key(var)} = {_show(value)}: {problem}"))
 
     def choice(self, var: str, allowed: tuple[str, ...]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from packaging.specifiers import SpecifierSet
+    import packaging.specifiers
 
 __all__ = ["VersionSupport", "installed_version", "release_of"]
 
@@ -74,12 +74,12 @@ class VersionSupport:
         self.specifier = specifier
         self.label = label or distribution
         self.tested = tested
-        self._set: SpecifierSet | None = None
+        self._set: packaging.specifiers.SpecifierSet | None = None
 
     def __repr__(self) -> str:
         return f"VersionSupport({self.distribution!r}, {self.specifier!r})"
 
-    def specifier_set(self) -> SpecifierSet:
+    def specifier_set(self) -> packaging.specifiers.SpecifierSet:
         """:attr:`specifier` as a ``packaging.specifiers.SpecifierSet`` (pre-releases
         allowed)."""
         if self._set is None:
