@@ -1,37 +1,36 @@
-"""Shared pieces for engine adapters (stallguard-vllm; stallguard-sglang may move here).
+"""The configuration and command-line pieces of :mod:`stallguard.adapters`.
 
 An adapter is enabled by two environment variables (a TOML file, or "on with the
-defaults") and reads its own small TOML schema. Both need the same things, with the
-same message shape as the core's own config loader
-(``file.toml: [table] key = value: problem``):
-
-* :func:`env_enabled` - the enable/disable switch and the config-file variable;
-* :func:`read_toml` - a TOML file named by an environment variable, every failure a
-  :class:`~stallguard.ConfigError` naming the variable and the path;
-* :func:`read_config` - that file through the adapter's schema, any exception while
-  interpreting it a :class:`~stallguard.ConfigError` naming the file too;
-* :class:`TableReader` - strict reading of one table: unknown keys (with a "did you
-  mean" hint), sub-tables, choices, positive seconds.
-
-Pure Python, no engine import; not part of the public API (adapters import it as
-``stallguard._adapters`` and pin the core version they were released with).
+defaults"), reads its own small schema, and may take per-key overrides from the
+environment. Every error has the core's message shape
+(``file.toml: [table] key = value: problem``; ``environment: VAR = value: problem``).
+Pure Python, no engine import. The public names are re-exported (and documented) by
+:mod:`stallguard.adapters`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, NoReturn, TypeVar
 
-from ._config import _error, _parse_toml, _show, _unknown_key
+from ._config import _key, _parse_toml, _show, parse_deadlines
 from ._errors import ConfigError
-from ._validate import TOO_LARGE, seconds_or_problem, shorten
+from ._spec import Deadline
+from ._validate import TOO_LARGE, did_you_mean, seconds_or_problem, shorten
 
 __all__ = [
+    "EnvReader",
+    "OneLineParser",
     "TableReader",
     "describe_exception",
+    "one_line",
+    "printable",
+    "seconds_arg",
     "env_enabled",
     "read_config",
     "read_toml",
@@ -84,7 +83,7 @@ def env_enabled(environ: Mapping[str, str], *, enable_var: str, config_var: str)
 def read_toml(path: str, *, var: str) -> dict[str, Any]:
     """Parse the TOML file *path* (named by the environment variable *var*).
 
-    Every failure to read or parse it is a :class:`ConfigError` naming the file: I/O,
+    Every failure to read or parse it is a :class:`~stallguard.ConfigError` naming the file: I/O,
     encoding (TOML files are UTF-8), syntax, values nested thousands deep, integers of
     more digits than Python reads, anything else the parser raises.
 
@@ -110,7 +109,7 @@ def read_toml(path: str, *, var: str) -> dict[str, Any]:
 def read_config(path: str, *, var: str, parse: Callable[[dict[str, Any]], T]) -> T:
     """:func:`read_toml`, then *parse* (the adapter's schema) on the document: the
     boundary where an adapter's file becomes its configuration. Whatever goes wrong is a
-    :class:`ConfigError` naming the file: *parse*'s own (naming the key and the value),
+    :class:`~stallguard.ConfigError` naming the file: *parse*'s own (naming the key and the value),
     and any other exception while interpreting the document (a value nested too deeply,
     a stallguard bug) as ``path: cannot interpret it: ...``, so an engine never starts
     on a file it was given but could not apply.
@@ -145,67 +144,229 @@ def describe_exception(e: BaseException) -> str:
     return f"{type(e).__name__}: {shorten(text)}" if text else type(e).__name__
 
 
+def printable(text: str) -> str:
+    """*text* with what cannot be written as UTF-8 (lone surrogates: the bytes of a
+    non-UTF-8 environment value or command-line argument, as Python decodes them)
+    shown as ``\\udcxx`` escapes, so that printing an error message never raises."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _render(value: object) -> str:
+    """*value* for a message, TOML-looking, inline tables as ``{ k = v }``."""
+    return printable(_show(value, spaced=True))
+
+
+def _seconds_problem(problem: str, *, none: bool, advice: str | None) -> str:
+    text = "must be a positive, finite number of seconds"
+    if problem == TOO_LARGE:
+        text += " (this one is too large for a float)"
+    if none:
+        text += ', or "none" for no deadline'
+    return f"{text}; {advice}" if advice else text
+
+
 class TableReader:
-    """Strict reader of one TOML table; every error names the source, the table, the key
-    and the value.
+    """Strict reader of one table of an adapter's configuration (a parsed TOML table, or
+    a dict from the engine's own configuration); every error is a
+    :class:`~stallguard.ConfigError` naming the source, the table, the key and the value:
+    ``source: [table] key = value: problem``.
 
     Args:
         table: the parsed table.
-        source: the file (or ``"<dict>"``) for messages.
+        source: the file (or ``"<dict>"``, or the engine option) for messages.
         where: the table's dotted name (``""`` for the top level).
         allowed: the keys the table may hold.
+        what: what a key names, for the unknown-key message: ``"key"``, or
+            ``"transfer backend"``, say.
 
     Raises:
         ConfigError: on construction, if *table* is not a table or holds a key outside
-            *allowed*.
+            *allowed* (with a "did you mean" hint).
     """
 
-    def __init__(self, table: object, *, source: str, where: str, allowed: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        table: object,
+        *,
+        source: str,
+        where: str,
+        allowed: tuple[str, ...],
+        what: str = "key",
+    ) -> None:
         if not isinstance(table, Mapping):
-            raise ConfigError(f"{source}: [{where}] must be a table, got {_show(table)}")
-        for key, value in table.items():
-            if key not in allowed:
-                raise _unknown_key(source, where, key, value, allowed)
-        self.table: Mapping[str, Any] = table
+            name = f"[{where}]" if where else "the configuration"
+            raise ConfigError(f"{printable(source)}: {name} must be a table, got {_render(table)}")
+        self.table: Mapping[Any, Any] = table
         self.source = source
         self.where = where
+        for key, value in table.items():
+            if key not in allowed:
+                hint = did_you_mean(key, allowed)
+                listing = "allowed keys:" if what == "key" else "known:"
+                raise self.error(
+                    key, value, f"unknown {what}{hint}; {listing} {', '.join(allowed)}"
+                )
 
-    def error(self, key: str, value: object, problem: str) -> ConfigError:
-        """A :class:`ConfigError` for ``[where] key = value: problem``."""
-        return _error(self.source, self.where, key, value, problem)
+    def __contains__(self, key: str) -> bool:
+        return key in self.table
 
-    def sub(self, key: str, allowed: tuple[str, ...]) -> TableReader:
+    def error(self, key: object, value: object, problem: str) -> ConfigError:
+        """A :class:`~stallguard.ConfigError` for ``source: [where] key = value: problem``."""
+        where = f"[{self.where}] " if self.where else ""
+        return ConfigError(
+            printable(f"{self.source}: {where}{_key(key)} = {_render(value)}: {problem}")
+        )
+
+    def dotted(self, key: str) -> str:
+        """The dotted name of the sub-table *key* (``prefill.deadlines``)."""
+        return f"{self.where}.{key}" if self.where else key
+
+    def sub(self, key: str, allowed: tuple[str, ...], *, what: str = "key") -> TableReader:
         """The sub-table *key* (empty if absent), read with its own *allowed* keys."""
         value = self.table.get(key, {})
-        dotted = f"{self.where}.{key}" if self.where else key
         if not isinstance(value, Mapping):
-            raise self.error(key, value, f"must be a table ([{dotted}])")
-        return TableReader(value, source=self.source, where=dotted, allowed=allowed)
+            raise self.error(key, value, f"must be a table ([{self.dotted(key)}])")
+        return TableReader(
+            value, source=self.source, where=self.dotted(key), allowed=allowed, what=what
+        )
 
     def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
         """The string *key*, one of *allowed* (*default* if absent)."""
         value = self.table.get(key, default)
-        if value not in allowed:
+        if not isinstance(value, str) or value not in allowed:
             shown = ", ".join(f'"{a}"' for a in allowed)
-            raise self.error(key, value, f"must be one of {shown}")
-        return str(value)
+            raise self.error(key, value, f"must be one of {shown}{did_you_mean(value, allowed)}")
+        return value
 
-    def seconds(self, key: str, default: float | None) -> float | None:
-        """A positive, finite number of seconds, or ``"none"`` (None: no deadline)."""
+    def seconds(
+        self, key: str, default: float | None, *, none: bool = True, advice: str | None = None
+    ) -> float | None:
+        """A positive, finite number of seconds; ``"none"`` (None: no deadline) too if
+        *none*. *advice* ends the message (what to write instead)."""
         if key not in self.table:
             return default
         value = self.table[key]
-        if isinstance(value, str) and value.strip().lower() == "none":
+        if none and isinstance(value, str) and value.strip().lower() == "none":
             return None
         seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
         if isinstance(seconds, str):
-            too_large = " (too large)" if seconds == TOO_LARGE else ""
-            raise self.error(
-                key,
-                value,
-                'must be a positive, finite number of seconds, or "none" for no deadline'
-                + too_large,
-            )
+            raise self.error(key, value, _seconds_problem(seconds, none=none, advice=advice))
+        return seconds
+
+    def deadlines(
+        self,
+        key: str,
+        states: tuple[str, ...],
+        *,
+        terminal: tuple[str, ...] = (),
+        unknown: str = "not a state that takes a deadline",
+        listing: str = "states:",
+    ) -> Mapping[str, Deadline]:
+        """The sub-table *key* of deadlines, ``state = seconds | "none" | { seconds = ...,
+        stall = ... }``, keyed by *states*, each value read by
+        :func:`stallguard.parse_deadlines` (the core's rules and messages). A key in
+        *terminal* is told it takes no deadline; another unknown key gets *unknown* and a
+        hint; both end with ``; <listing> <states>``."""
+        table = self.table.get(key, {})
+        where = self.dotted(key)
+        if not isinstance(table, Mapping):
+            raise self.error(key, table, f"must be a table ([{where}])")
+        reader = TableReader(table, source=self.source, where=where, allowed=tuple(table))
+        for state, value in table.items():
+            if state not in states:
+                hint = (
+                    f"{state} is terminal and takes no deadline"
+                    if state in terminal
+                    else unknown + did_you_mean(state, states)
+                )
+                raise reader.error(state, value, f"{hint}; {listing} {', '.join(states)}")
+        parsed = parse_deadlines(table, source=self.source, prefix=where)
+        return MappingProxyType({str(state): deadline for state, deadline in parsed.items()})
+
+
+class EnvReader:
+    """Strict reader of an adapter's per-key environment overrides (``PREFIX_...``
+    variables); every error is a :class:`~stallguard.ConfigError` naming the variable
+    and its value as written: ``environment: VAR = "value": problem``.
+
+    Args:
+        environ: the environment (``os.environ``, or a dict in tests).
+        prefix: the variables read, e.g. ``"STALLGUARD_SGLANG_"``.
+        known: every variable name this adapter reads as an override.
+        ignore: variables under *prefix* that are not overrides (the enable switch, the
+            config-file variable...).
+        forms: how the docs write the accepted names, for the unknown-variable message
+            (``STALLGUARD_SGLANG_PREFILL_DEADLINE_<STATE>, ...``).
+
+    Raises:
+        ConfigError: on construction, for a variable under *prefix* that is neither
+            in *known* nor in *ignore* (with a "did you mean" hint): a misspelt override is
+            refused, never ignored.
+    """
+
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        prefix: str,
+        *,
+        known: Iterable[str],
+        ignore: Iterable[str] = (),
+        forms: str = "",
+    ) -> None:
+        known = tuple(known)
+        skip = set(ignore)
+        self.values: dict[str, str] = {}
+        for var, value in environ.items():
+            if not isinstance(var, str) or not var.startswith(prefix) or var in skip:
+                continue
+            if not isinstance(value, str):
+                raise self.error(var, value, "an environment value must be a string")
+            if var not in known:
+                listing = f"; the settings are {forms}" if forms else ""
+                raise self.error(var, value, f"unknown setting{did_you_mean(var, known)}{listing}")
+            self.values[var] = value
+
+    def __contains__(self, var: str) -> bool:
+        return var in self.values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.values))
+
+    def error(self, var: str, value: object, problem: str) -> ConfigError:
+        """A :class:`~stallguard.ConfigError` for ``environment: VAR = value: problem``."""
+        return ConfigError(printable(f"environment: {_key(var)} = {_show(value)}: {problem}"))
+
+    def choice(self, var: str, allowed: tuple[str, ...]) -> str:
+        """The variable's value (spaces around it ignored), one of *allowed*."""
+        value = self.values[var]
+        text = value.strip()
+        if text not in allowed:
+            shown = ", ".join(f'"{a}"' for a in allowed)
+            raise self.error(var, value, f"must be one of {shown}{did_you_mean(text, allowed)}")
+        return text
+
+    def seconds(self, var: str, *, none: bool = True, advice: str | None = None) -> float | None:
+        """The variable's value as seconds, by the rule :meth:`TableReader.seconds`
+        applies (``none`` for no deadline if *none*)."""
+        value = self.values[var]
+        text = value.strip()
+        if none and text.lower() == "none":
+            return None
+        number: object
+        try:
+            number = int(text)
+        except ValueError:  # not an integer, or more digits than int() reads
+            try:
+                number = float(text)
+            except ValueError:
+                number = value
+        seconds = seconds_or_problem(number)
+        if isinstance(seconds, str):
+            raise self.error(var, value, _seconds_problem(seconds, none=none, advice=advice))
         return seconds
 
 
@@ -241,6 +402,37 @@ def version_action(text: Callable[[], str]) -> type[argparse.Action]:
             parser.exit(0)
 
     return _VersionAction
+
+
+def one_line(text: str) -> str:
+    """*text* on one line (an exception's message may hold line breaks)."""
+    return " ".join(text.splitlines())
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (no usage dump), exit
+    status 2 (argparse's own status for bad arguments)."""
+
+    def error(self, message: str) -> NoReturn:
+        """One line on stderr (no usage dump), exit status 2."""
+        self.exit(2, f"{self.prog}: error: {printable(one_line(message))}\n")
+
+
+def seconds_arg(text: str) -> float:
+    """An argparse ``type=`` for a positive, finite number of seconds (the one rule).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if isinstance(seconds_or_problem(value), str):
+        raise argparse.ArgumentTypeError(
+            f"{printable(shorten(repr(text), 40))} is not a positive, finite number of seconds"
+        )
+    return value
 
 
 def run_console(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:

@@ -584,7 +584,8 @@ def _read(source: str | os.PathLike[str]) -> tuple[str, Mapping[str, Any]]:
 def _parse_toml(data: bytes, label: str) -> dict[str, Any]:
     """The bytes of a TOML file, parsed; every failure (encoding, syntax, nesting depth,
     integer size, anything the parser raises) a :class:`ConfigError` naming *label* (the
-    file). The core's loader and the adapters' (``stallguard._adapters``) both use it."""
+    file). The core's loader and the adapters' (``stallguard.adapters.read_toml``) both
+    use it."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only

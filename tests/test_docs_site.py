@@ -39,11 +39,13 @@ def test_sphinx_build_is_strict_and_clean(tmp_path):
         assert (out / f"{page.stem}.html").is_file(), page  # every chapter is on the site
     api = {p.stem: p.read_text() for p in (out / "api").glob("*.html")}
     import stallguard
+    import stallguard.adapters
     import stallguard.instrumentation
     import stallguard.testing
 
     for module, page in [
         (stallguard, "stallguard"),
+        (stallguard.adapters, "adapters"),
         (stallguard.testing, "testing"),
         (stallguard.instrumentation, "instrumentation"),
     ]:

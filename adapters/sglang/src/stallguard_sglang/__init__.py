@@ -12,8 +12,6 @@ Importing this package is cheap: nothing here imports SGLang.
 
 from __future__ import annotations
 
-import importlib
-
 # (not typing.TYPE_CHECKING: the .pth activation imports this package at interpreter
 # start-up, and importing typing costs milliseconds)
 TYPE_CHECKING = False
@@ -23,118 +21,92 @@ if TYPE_CHECKING:  # the lazy exports below, with their static types
 
     from stallguard import Watchdog
 
-    from ._config import (
-        BACKENDS,
-        ENV_CONFIG,
-        ENV_ENABLE,
-        BootstrapQueueConfig,
-        Config,
-        PrefillConfig,
-        load_config,
-        parse_config,
-    )
-    from ._metrics import FORCED_FAILURES, STALLS_REPORTED
-    from ._profiles import (
-        PROFILES,
-        BackendProfile,
-        SupportRow,
-        effective_deadlines,
-        format_support_table,
-        sglang_settings,
-        support_table,
-    )
-    from .package import (
-        SUPPORTED_SGLANG,
-        TESTED_SGLANG,
-        is_supported,
-        sglang_version,
-        supported_specifier,
-    )
-    from .plugin import install, register
+    from ._config import BACKENDS as BACKENDS
+    from ._config import DECODE_PHASES as DECODE_PHASES
+    from ._config import ENV_CONFIG as ENV_CONFIG
+    from ._config import ENV_ENABLE as ENV_ENABLE
+    from ._config import ENV_MODE as ENV_MODE
+    from ._config import BootstrapQueueConfig as BootstrapQueueConfig
+    from ._config import Config as Config
+    from ._config import DecodeConfig as DecodeConfig
+    from ._config import PrefillConfig as PrefillConfig
+    from ._config import apply_environment as apply_environment
+    from ._config import load_config as load_config
+    from ._config import parse_config as parse_config
+    from ._metrics import FORCED_FAILURES as FORCED_FAILURES
+    from ._metrics import STALLS_REPORTED as STALLS_REPORTED
+    from ._profiles import PROFILES as PROFILES
+    from ._profiles import BackendProfile as BackendProfile
+    from ._profiles import SupportRow as SupportRow
+    from ._profiles import decode_deadlines as decode_deadlines
+    from ._profiles import decode_support_table as decode_support_table
+    from ._profiles import effective_deadlines as effective_deadlines
+    from ._profiles import format_support_table as format_support_table
+    from ._profiles import sglang_settings as sglang_settings
+    from ._profiles import support_table as support_table
+    from .package import SUPPORTED_SGLANG as SUPPORTED_SGLANG
+    from .package import TESTED_SGLANG as TESTED_SGLANG
+    from .package import is_supported as is_supported
+    from .package import sglang_version as sglang_version
+    from .package import supported_specifier as supported_specifier
+    from .plugin import install as install
+    from .plugin import register as register
 
-__all__ = [
-    "BACKENDS",
-    "ENV_CONFIG",
-    "ENV_ENABLE",
-    "FORCED_FAILURES",
-    "PROFILES",
-    "STALLS_REPORTED",
-    "SUPPORTED_SGLANG",
-    "TESTED_SGLANG",
-    "BackendProfile",
-    "BootstrapQueueConfig",
-    "Config",
-    "DECODE_PHASES",
-    "DecodeConfig",
-    "PrefillConfig",
-    "SupportRow",
-    "decode_deadlines",
-    "decode_support_table",
-    "effective_deadlines",
-    "format_support_table",
-    "install",
-    "is_supported",
-    "load_config",
-    "parse_config",
-    "register",
-    "set_clock",
-    "sglang_settings",
-    "sglang_version",
-    "support_table",
-    "supported_specifier",
-    "watchdogs",
-]
-
-_LAZY = {
-    "BACKENDS": "._config",
-    "ENV_CONFIG": "._config",
-    "ENV_ENABLE": "._config",
-    "BootstrapQueueConfig": "._config",
-    "Config": "._config",
-    "DECODE_PHASES": "._config",
-    "DecodeConfig": "._config",
-    "PrefillConfig": "._config",
-    "load_config": "._config",
-    "parse_config": "._config",
-    "PROFILES": "._profiles",
-    "BackendProfile": "._profiles",
-    "SupportRow": "._profiles",
-    "decode_deadlines": "._profiles",
-    "decode_support_table": "._profiles",
-    "effective_deadlines": "._profiles",
-    "format_support_table": "._profiles",
-    "sglang_settings": "._profiles",
-    "support_table": "._profiles",
-    "FORCED_FAILURES": "._metrics",
-    "STALLS_REPORTED": "._metrics",
-    "SUPPORTED_SGLANG": ".package",
-    "TESTED_SGLANG": ".package",
-    "is_supported": ".package",
-    "sglang_version": ".package",
-    "supported_specifier": ".package",
-    "install": ".plugin",
-    "register": ".plugin",
+#: module -> the public names it defines (imported at first use, stallguard.adapters.
+#: lazy_attribute); the TYPE_CHECKING imports above are the same names, for their types
+#: (tests/test_adapter_kit.py checks that the two agree)
+_EXPORTS = {
+    "._config": (
+        "BACKENDS",
+        "DECODE_PHASES",
+        "ENV_CONFIG",
+        "ENV_ENABLE",
+        "ENV_MODE",
+        "BootstrapQueueConfig",
+        "Config",
+        "DecodeConfig",
+        "PrefillConfig",
+        "apply_environment",
+        "load_config",
+        "parse_config",
+    ),
+    "._metrics": ("FORCED_FAILURES", "STALLS_REPORTED"),
+    "._profiles": (
+        "PROFILES",
+        "BackendProfile",
+        "SupportRow",
+        "decode_deadlines",
+        "decode_support_table",
+        "effective_deadlines",
+        "format_support_table",
+        "sglang_settings",
+        "support_table",
+    ),
+    ".package": (
+        "SUPPORTED_SGLANG",
+        "TESTED_SGLANG",
+        "is_supported",
+        "sglang_version",
+        "supported_specifier",
+    ),
+    ".plugin": ("install", "register"),
 }
+# (not stallguard.adapters.lazy_names(): importing stallguard here would cost the .pth
+# start-up path what this package's laziness exists to avoid)
+__all__ = sorted(
+    {"set_clock", "watchdogs", *(name for names in _EXPORTS.values() for name in names)}
+)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        if name == "__version__":
-            from importlib.metadata import PackageNotFoundError, version
+def __getattr__(name: str) -> object:
+    # stallguard is imported at the first lazy lookup, not with this package
+    from stallguard.adapters import lazy_attribute
 
-            try:
-                return version("stallguard-sglang")
-            except PackageNotFoundError:
-                return "0+unknown"
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+    return lazy_attribute(__name__, _EXPORTS, name, distribution="stallguard-sglang")
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return list(__all__)
 
 
 def watchdogs() -> dict[tuple[str, str], list[Watchdog[Any]]]:

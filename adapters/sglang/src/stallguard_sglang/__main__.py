@@ -21,15 +21,16 @@ command too.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import NoReturn
+from collections.abc import Mapping
 
 from stallguard import ConfigError
-from stallguard._adapters import run_console, version_action, versions_line
+from stallguard.adapters import OneLineParser, one_line, run_console, version_action
 
-from ._config import BACKENDS, ENV_CONFIG, ENV_ENABLE, load_config
+from ._config import BACKENDS, ENV_CONFIG, ENV_ENABLE, ENV_PREFIX, load_config
 from ._profiles import decode_support_table, format_support_table, support_table
-from .package import SUPPORTED_SGLANG, is_supported, parse_version, sglang_version
+from .package import SUPPORTED_SGLANG, is_supported, parse_version, sglang_version, support
 
 __all__ = [
     "OneLineParser",
@@ -60,25 +61,17 @@ def _version_arg(text: str) -> str:
     return text
 
 
-def _versions() -> str:
-    return versions_line("stallguard-sglang", "sglang", "SGLang", SUPPORTED_SGLANG)
+_VersionAction = version_action(lambda: support().versions_line("stallguard-sglang"))
 
 
-def one_line(text: str) -> str:
-    """*text* on one line (an exception's message may hold line breaks)."""
-    return " ".join(text.splitlines())
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr (no usage dump), exit
-    status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        """One line on stderr (no usage dump), exit status 2."""
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)}\n")
-
-
-_VersionAction = version_action(lambda: _versions())
+def _environment(path: str | None) -> Mapping[str, str] | None:
+    """The environment to validate: the process's, or with ``--config`` that file with
+    the process's ``STALLGUARD_SGLANG_*`` overrides (not its enable switch)."""
+    if path is None:
+        return None
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+    env[ENV_CONFIG] = path
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config",
         metavar="PATH",
-        help=f"validate this TOML file (default: what {ENV_CONFIG} / {ENV_ENABLE} ask for)",
+        help=f"validate this TOML file, with the {ENV_PREFIX}* overrides of the environment "
+        f"(default: what {ENV_CONFIG} / {ENV_ENABLE} ask for)",
     )
     parser.add_argument(
         "--backend",
@@ -127,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "advise":
         return _advise.run(args)
     try:
-        config = load_config({ENV_CONFIG: args.config} if args.config is not None else None)
+        config = load_config(_environment(args.config))
     except ConfigError as e:  # (load_config turns every failure into one)
         print(f"stallguard-sglang: invalid configuration: {one_line(str(e))}", file=sys.stderr)
         return EXIT_USAGE

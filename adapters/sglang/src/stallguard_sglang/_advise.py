@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import stallguard
 from stallguard import Advice, ConfigError, Statistics
-from stallguard._adapters import describe_exception
+from stallguard.adapters import OneLineParser, describe_exception, one_line, read_prometheus
 
 from . import _metrics, _stats_export
 
@@ -84,7 +84,7 @@ def read_source(
 def _backends(text: str, queue: str) -> list[str]:
     found = {
         labels.get("backend", "")
-        for name, labels, _ in stallguard._advice.read_prometheus(text)
+        for name, labels, _ in read_prometheus(text)
         if name == f"{_stats_export.STATE_SECONDS}_bucket" and labels.get("queue") == queue
     }
     return sorted(b for b in found if b)
@@ -231,8 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     """The advise command; returns the exit status: 0, or 2 for bad input (bad
     arguments, a source that cannot be read, metrics that cannot be used), with a
     one-line message on stderr."""
-    from .__main__ import OneLineParser
-
     parser = OneLineParser(prog="python -m stallguard_sglang advise", description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv))
@@ -240,8 +238,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the advise command on parsed arguments (see :func:`add_arguments`)."""
-    from .__main__ import one_line
-
     multiproc = args.multiproc_dir
     if args.url is None and args.file is None and multiproc is None:
         multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

@@ -7,15 +7,14 @@ dotted key and the bad value, and says what would be accepted.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from stallguard import ConfigError, Deadline, parse_deadlines
-from stallguard._adapters import env_enabled, read_config
-from stallguard._config import _key, _show
-from stallguard._validate import TOO_LARGE, did_you_mean, seconds_or_problem
+from stallguard import Deadline
+from stallguard.adapters import EnvReader, TableReader, env_enabled, read_config
 
 from ._kvpoll import LIVE_STATES, TERMINAL_STATES
 
@@ -27,7 +26,10 @@ __all__ = [
     "DecodeConfig",
     "ENV_CONFIG",
     "ENV_ENABLE",
+    "ENV_MODE",
+    "ENV_PREFIX",
     "LIVE_STATES",
+    "apply_environment",
     "PrefillConfig",
     "load_config",
     "parse_config",
@@ -38,6 +40,15 @@ ENV_CONFIG = "STALLGUARD_SGLANG_CONFIG"
 #: ``1`` enables the adapter with the defaults; ``0`` disables it even when
 #: :data:`ENV_CONFIG` is set (a kill switch for operators).
 ENV_ENABLE = "STALLGUARD_SGLANG"
+#: Per-key overrides of the configuration are the variables under this prefix
+#: (``STALLGUARD_SGLANG_PREFILL_DEADLINE_TRANSFERRING=60``; docs/sglang.md lists them).
+ENV_PREFIX = "STALLGUARD_SGLANG_"
+#: ``report`` makes every guard that would enforce report instead (``enforce``: the
+#: other way round); a table's own ``..._MODE`` variable wins over it; tables that are
+#: ``off`` stay off. The switch for a canary.
+ENV_MODE = "STALLGUARD_SGLANG_MODE"
+#: Variables under :data:`ENV_PREFIX` that are not overrides.
+_ENV_OTHERS = (ENV_CONFIG, "STALLGUARD_SGLANG_ACTIVATION")
 
 #: The non-terminal phases of a decode request that take a deadline, per decode queue
 #: (``DecodePreallocQueue``, ``DecodeTransferQueue``); see docs/sglang.md.
@@ -101,6 +112,9 @@ class BootstrapQueueConfig:
 
     mode: BootstrapMode = "auto"
     deadline: float | None = None
+    #: what ``mode = "auto"`` does on the backends it guards: ``"enforce"``, or
+    #: ``"report"`` under ``STALLGUARD_SGLANG_MODE=report`` (:data:`ENV_MODE`)
+    auto_mode: Literal["enforce", "report"] = "enforce"
 
 
 @dataclass(frozen=True)
@@ -158,6 +172,8 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
     * ``STALLGUARD_SGLANG=0``: disabled, even if a file is named;
     * neither: disabled.
 
+    Enabled, the ``STALLGUARD_SGLANG_*`` overrides then apply (:func:`apply_environment`).
+
     Raises:
         stallguard.ConfigError: naming the file (or variable), the key and the bad value.
     """
@@ -168,11 +184,18 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
         return None
     if path:
         # any failure to read or interpret the file is a ConfigError naming it
-        return read_config(path, var=ENV_CONFIG, parse=lambda data: parse_config(data, source=path))
-    return Config(source=f"{ENV_ENABLE}={env[ENV_ENABLE]}")
+        config = read_config(
+            path, var=ENV_CONFIG, parse=lambda data: parse_config(data, source=path)
+        )
+    else:
+        config = Config(source=f"{ENV_ENABLE}={env[ENV_ENABLE]}")
+    return apply_environment(config, env)
 
 
 # --------------------------------------------------------------------------- parsing
+
+_MODES = ("enforce", "report", "off")
+_BOOTSTRAP_MODES = ("auto", "enforce", "report", "off")
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Config:
@@ -181,167 +204,234 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Config
     Raises:
         stallguard.ConfigError: ``"<source>: [<table>] <key> = <value>: <what is wrong>"``.
     """
-    _only(data, ("prefill", "bootstrap_queue", "decode"), "", source)
-    prefill = _table(data, "prefill", source)
-    boot = _table(data, "bootstrap_queue", source)
-    decode = _table(data, "decode", source)
+    top = TableReader(
+        data, source=source, where="", allowed=("prefill", "bootstrap_queue", "decode")
+    )
     return Config(
-        prefill=_prefill(prefill, source),
-        bootstrap_queue=_bootstrap(boot, source),
-        decode=_decode(decode, source),
+        prefill=_prefill(top.sub("prefill", ("mode", "deadlines", "backends"))),
+        bootstrap_queue=_bootstrap(top.sub("bootstrap_queue", ("mode", "deadline"))),
+        decode=_decode(top.sub("decode", ("mode", "quarantine", *DECODE_PHASES))),
         source=source,
     )
 
 
-def _fmt(value: Any) -> str:
-    """A TOML-looking rendering of *value* for messages (bounded: a value nested
-    thousands deep or an integer of 5,000 digits is shown by its start and its size)."""
-    return _show(value, spaced=True)
-
-
-def _error(source: str, table: str, key: str, value: Any, problem: str) -> ConfigError:
-    """The same message shape as stallguard's own config loader:
-    ``file.toml: [table] key = value: problem``."""
-    where = f"[{table}] " if table else ""
-    return ConfigError(f"{source}: {where}{_key(key)} = {_fmt(value)}: {problem}")
-
-
-def _only(table: Mapping[str, Any], allowed: tuple[str, ...], where: str, source: str) -> None:
-    for key, value in table.items():
-        if key not in allowed:
-            hint = did_you_mean(key, allowed)
-            raise _error(
-                source, where, key, value, f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
-            )
-
-
-def _table(parent: Mapping[str, Any], key: str, source: str, where: str = "") -> Mapping[str, Any]:
-    value = parent.get(key, {})
-    if not isinstance(value, Mapping):
-        dotted = f"{where}.{key}" if where else key
-        raise _error(source, where, key, value, f"must be a table ([{dotted}])")
-    return value
-
-
-def _mode(table: Mapping[str, Any], where: str, allowed: tuple[str, ...], source: str) -> Any:
-    value = table.get("mode", allowed[0])
-    if value not in allowed:
-        hint = did_you_mean(value, allowed) if isinstance(value, str) else ""
-        raise _error(
-            source, where, "mode", value, f"must be one of {', '.join(map(_fmt, allowed))}{hint}"
-        )
-    return value
-
-
-def _deadlines(table: Mapping[str, Any], where: str, source: str) -> Mapping[str, Deadline]:
+def _states(table: TableReader, key: str) -> Mapping[str, Deadline]:
     """``state = seconds | "none" | { seconds = ..., stall = ... }``, keyed by the
-    non-terminal KVPoll state names; values are validated by stallguard's own
-    :func:`stallguard.parse_deadlines` (same rules and messages as the core's files)."""
-    for state, value in table.items():
-        if state not in LIVE_STATES:
-            hint = (
-                f"{state} is terminal and takes no deadline"
-                if state in TERMINAL_STATES
-                else "not a KVPoll state that takes a deadline" + did_you_mean(state, LIVE_STATES)
-            )
-            raise _error(
-                source,
-                where,
-                state,
-                value,
-                f"{hint}; deadlines are keyed by {', '.join(LIVE_STATES)}",
-            )
-    parsed = parse_deadlines(table, source=source, prefix=where)
-    return _frozen({str(state): deadline for state, deadline in parsed.items()})
-
-
-def _prefill(table: Mapping[str, Any], source: str) -> PrefillConfig:
-    _only(table, ("mode", "deadlines", "backends"), "prefill", source)
-    mode = _mode(table, "prefill", ("enforce", "report", "off"), source)
-    deadlines = _deadlines(
-        _table(table, "deadlines", source, "prefill"), "prefill.deadlines", source
+    non-terminal KVPoll state names (stallguard's own deadline rules and messages)."""
+    return table.deadlines(
+        key,
+        LIVE_STATES,
+        terminal=TERMINAL_STATES,
+        unknown="not a KVPoll state that takes a deadline",
+        listing="deadlines are keyed by",
     )
-    backends_table = _table(table, "backends", source, "prefill")
-    backends: dict[str, Mapping[str, Deadline]] = {}
-    for name, sub in backends_table.items():
-        where = f"prefill.backends.{name}"
-        if name not in BACKENDS:
-            raise _error(
-                source,
-                "prefill.backends",
-                name,
-                sub,
-                f"unknown transfer backend{did_you_mean(name, BACKENDS)}; known: "
-                + ", ".join(BACKENDS),
-            )
-        if not isinstance(sub, Mapping):
-            raise _error(
-                source, "prefill.backends", name, sub, f"must be a table ([{where}.deadlines])"
-            )
-        _only(sub, ("deadlines",), where, source)
-        backends[name] = _deadlines(
-            _table(sub, "deadlines", source, where), f"{where}.deadlines", source
-        )
-    return PrefillConfig(mode=mode, deadlines=deadlines, backends=_frozen(backends))
 
 
-def _bootstrap(table: Mapping[str, Any], source: str) -> BootstrapQueueConfig:
-    _only(table, ("mode", "deadline"), "bootstrap_queue", source)
-    mode = _mode(table, "bootstrap_queue", ("auto", "enforce", "report", "off"), source)
-    deadline = None
-    if "deadline" in table:
-        value = table["deadline"]
-        seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
-        if isinstance(seconds, str):
-            too_large = " (this one is too large for a float)" if seconds == TOO_LARGE else ""
-            raise _error(
-                source,
-                "bootstrap_queue",
-                "deadline",
-                value,
-                f"must be a positive, finite number of seconds{too_large}; use "
-                'mode = "off" for no deadline',
-            )
-        deadline = seconds
+def _prefill(table: TableReader) -> PrefillConfig:
+    mode: Any = table.choice("mode", _MODES, "enforce")
+    backends_table = table.sub("backends", BACKENDS, what="transfer backend")
+    backends = {
+        name: _states(backends_table.sub(name, ("deadlines",)), "deadlines")
+        for name in backends_table.table
+    }
+    return PrefillConfig(
+        mode=mode, deadlines=_states(table, "deadlines"), backends=_frozen(backends)
+    )
+
+
+def _bootstrap(table: TableReader) -> BootstrapQueueConfig:
+    mode: Any = table.choice("mode", _BOOTSTRAP_MODES, "auto")
+    deadline = table.seconds(
+        "deadline", None, none=False, advice='use mode = "off" for no deadline'
+    )
     return BootstrapQueueConfig(mode=mode, deadline=deadline)
 
 
-def _decode(table: Mapping[str, Any], source: str) -> DecodeConfig:
-    _only(table, ("mode", "quarantine", *DECODE_PHASES), "decode", source)
-    mode = _mode(table, "decode", ("enforce", "report", "off"), source)
-    quarantine = DEFAULT_QUARANTINE
-    if "quarantine" in table:
-        value = table["quarantine"]
-        seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
-        if isinstance(seconds, str):
-            too_large = " (this one is too large for a float)" if seconds == TOO_LARGE else ""
-            raise _error(
-                source,
-                "decode",
-                "quarantine",
-                value,
-                f"must be a positive, finite number of seconds{too_large} (how long a "
-                "failed request's pages may stay quarantined before the hold is "
-                "escalated; they are never freed on this timer)",
-            )
-        quarantine = seconds
-    queues: dict[str, Mapping[str, Deadline]] = {}
-    for queue, phases in DECODE_PHASES.items():
-        where = f"decode.{queue}"
-        sub = _table(table, queue, source, "decode")
-        for phase, value in sub.items():
-            if phase in phases:
-                continue
-            if phase in TERMINAL_STATES:
-                hint = f"{phase} is terminal and takes no deadline"
-            else:
-                hint = f"not a phase of the decode {queue} queue{did_you_mean(phase, phases)}"
-            raise _error(source, where, phase, value, f"{hint}; phases: {', '.join(phases)}")
-        parsed = parse_deadlines(sub, source=source, prefix=where)
-        queues[queue] = _frozen({str(phase): deadline for phase, deadline in parsed.items()})
+_QUARANTINE_ADVICE = (
+    "how long a failed request's pages may stay quarantined before the hold is "
+    "escalated; they are never freed on this timer"
+)
+
+
+def _decode(table: TableReader) -> DecodeConfig:
+    mode: Any = table.choice("mode", _MODES, "enforce")
+    quarantine = table.seconds(
+        "quarantine", DEFAULT_QUARANTINE, none=False, advice=_QUARANTINE_ADVICE
+    )
+    queues = {
+        queue: table.deadlines(
+            queue,
+            phases,
+            terminal=TERMINAL_STATES,
+            unknown=f"not a phase of the decode {queue} queue",
+            listing="phases:",
+        )
+        for queue, phases in DECODE_PHASES.items()
+    }
     return DecodeConfig(
         mode=mode,
         prealloc=queues["prealloc"],
         transfer=queues["transfer"],
-        quarantine=quarantine,
+        quarantine=DEFAULT_QUARANTINE if quarantine is None else quarantine,
     )
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _env_name(text: str) -> str:
+    """A name as it appears in a variable: ``WaitingForInput`` -> ``WAITINGFORINPUT``
+    (the core's rule for its own ``STALLGUARD_<SPEC>_DEADLINE_<STATE>`` variables)."""
+    return re.sub(r"[^A-Za-z0-9]", "_", text).upper()
+
+
+def _deadline_vars(head: str, states: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """``<head>DEADLINE_<STATE>`` / ``<head>STALL_<STATE>`` -> (field, state)."""
+    return {
+        f"{head}{word}_{_env_name(state)}": (field, state)
+        for state in states
+        for field, word in (("seconds", "DEADLINE"), ("stall", "STALL"))
+    }
+
+
+def _env_tables() -> dict[str, tuple[str, ...]]:
+    """Variable-name head -> the states its deadline variables take."""
+    p = ENV_PREFIX
+    heads = {f"{p}PREFILL_": LIVE_STATES}
+    heads.update({f"{p}PREFILL_{_env_name(b)}_": LIVE_STATES for b in BACKENDS})
+    heads.update({f"{p}DECODE_{_env_name(q)}_": ph for q, ph in DECODE_PHASES.items()})
+    return heads
+
+
+def _known_vars() -> tuple[str, ...]:
+    p = ENV_PREFIX
+    names = [ENV_MODE, f"{p}PREFILL_MODE", f"{p}BOOTSTRAP_QUEUE_MODE"]
+    names += [f"{p}BOOTSTRAP_QUEUE_DEADLINE", f"{p}DECODE_MODE", f"{p}DECODE_QUARANTINE"]
+    for head, states in _env_tables().items():
+        names += _deadline_vars(head, states)
+    return tuple(names)
+
+
+_ENV_FORMS = (
+    "STALLGUARD_SGLANG_MODE, STALLGUARD_SGLANG_{PREFILL,DECODE,BOOTSTRAP_QUEUE}_MODE, "
+    "STALLGUARD_SGLANG_PREFILL[_<BACKEND>]_{DEADLINE,STALL}_<STATE>, "
+    "STALLGUARD_SGLANG_DECODE_{PREALLOC,TRANSFER}_{DEADLINE,STALL}_<PHASE>, "
+    "STALLGUARD_SGLANG_BOOTSTRAP_QUEUE_DEADLINE, STALLGUARD_SGLANG_DECODE_QUARANTINE "
+    "(docs/sglang.md)"
+)
+
+
+def _env_deadlines(
+    env: EnvReader, head: str, states: tuple[str, ...], current: Mapping[str, Deadline]
+) -> Mapping[str, Deadline]:
+    """*current* with the ``<head>DEADLINE_/STALL_<STATE>`` variables applied: a
+    deadline variable sets the state deadline (keeping the stall window), a stall one
+    the window (keeping the deadline, which must be set)."""
+    out = dict(current)
+    for var, (field_name, state) in _deadline_vars(head, states).items():
+        if var not in env:
+            continue
+        seconds = env.seconds(var)
+        before = out.get(state)
+        if field_name == "seconds":
+            out[state] = Deadline(seconds=seconds, stall=before.stall if before else None)
+        elif before is None:
+            raise env.error(
+                var,
+                env.values[var],
+                f"{state} has no deadline set in the file; set "
+                f"{head}DEADLINE_{_env_name(state)} too (a stall window keeps the deadline "
+                "it is given)",
+            )
+        else:
+            out[state] = Deadline(seconds=before.seconds, stall=seconds)
+    return _frozen(out) if out != dict(current) else current
+
+
+def apply_environment(config: Config, environ: Mapping[str, str] | None = None) -> Config:
+    """*config* with the ``STALLGUARD_SGLANG_*`` per-key overrides applied (docs/sglang.md):
+    ``..._PREFILL_MODE``, ``..._PREFILL_DEADLINE_TRANSFERRING=60``,
+    ``..._PREFILL_NIXL_STALL_TRANSFERRING=10``, ``..._DECODE_TRANSFER_DEADLINE_WAITINGFORINPUT``,
+    ``..._BOOTSTRAP_QUEUE_DEADLINE``, ``..._DECODE_QUARANTINE``, and the
+    :data:`ENV_MODE` switch. Each value is read by the file's rules.
+
+    Raises:
+        stallguard.ConfigError: ``environment: VAR = "value": <what is wrong>``, for a
+            bad value or a variable under the prefix that is not one of these (a
+            misspelt override is refused, never ignored).
+    """
+    env = EnvReader(
+        os.environ if environ is None else environ,
+        ENV_PREFIX,
+        known=_known_vars(),
+        ignore=_ENV_OTHERS,
+        forms=_ENV_FORMS,
+    )
+    if not env.values:
+        return config
+    p = ENV_PREFIX
+    prefill, boot, decode = config.prefill, config.bootstrap_queue, config.decode
+    if f"{p}PREFILL_MODE" in env:
+        prefill = replace(prefill, mode=env.choice(f"{p}PREFILL_MODE", _MODES))  # type: ignore[arg-type]
+    backends = dict(prefill.backends)
+    for b in BACKENDS:
+        found = _env_deadlines(env, f"{p}PREFILL_{_env_name(b)}_", LIVE_STATES, backends.get(b, {}))
+        if found:
+            backends[b] = found
+    prefill = replace(
+        prefill,
+        deadlines=_env_deadlines(env, f"{p}PREFILL_", LIVE_STATES, prefill.deadlines),
+        backends=_frozen(backends),
+    )
+    if f"{p}BOOTSTRAP_QUEUE_MODE" in env:
+        boot = replace(boot, mode=env.choice(f"{p}BOOTSTRAP_QUEUE_MODE", _BOOTSTRAP_MODES))  # type: ignore[arg-type]
+    if f"{p}BOOTSTRAP_QUEUE_DEADLINE" in env:
+        advice = f"set {p}BOOTSTRAP_QUEUE_MODE=off for no deadline"
+        deadline = env.seconds(f"{p}BOOTSTRAP_QUEUE_DEADLINE", none=False, advice=advice)
+        boot = replace(boot, deadline=deadline)
+    if f"{p}DECODE_MODE" in env:
+        decode = replace(decode, mode=env.choice(f"{p}DECODE_MODE", _MODES))  # type: ignore[arg-type]
+    if f"{p}DECODE_QUARANTINE" in env:
+        seconds = env.seconds(f"{p}DECODE_QUARANTINE", none=False, advice=_QUARANTINE_ADVICE)
+        decode = replace(decode, quarantine=decode.quarantine if seconds is None else seconds)
+    decode = replace(
+        decode,
+        prealloc=_env_deadlines(
+            env, f"{p}DECODE_PREALLOC_", DECODE_PHASES["prealloc"], decode.prealloc
+        ),
+        transfer=_env_deadlines(
+            env, f"{p}DECODE_TRANSFER_", DECODE_PHASES["transfer"], decode.transfer
+        ),
+    )
+    if ENV_MODE in env:
+        prefill, boot, decode = _switch(
+            env, env.choice(ENV_MODE, ("enforce", "report")), prefill, boot, decode
+        )
+    return Config(
+        prefill=prefill,
+        bootstrap_queue=boot,
+        decode=decode,
+        source=f"{config.source} + environment ({', '.join(env)})",
+    )
+
+
+def _switch(
+    env: EnvReader,
+    mode: Any,
+    prefill: PrefillConfig,
+    boot: BootstrapQueueConfig,
+    decode: DecodeConfig,
+) -> tuple[PrefillConfig, BootstrapQueueConfig, DecodeConfig]:
+    """:data:`ENV_MODE`: every table that guards (not ``off``) and whose own mode
+    variable is unset enforces or reports, as *mode* says."""
+    p = ENV_PREFIX
+    if prefill.mode != "off" and f"{p}PREFILL_MODE" not in env:
+        prefill = replace(prefill, mode=mode)
+    if decode.mode != "off" and f"{p}DECODE_MODE" not in env:
+        decode = replace(decode, mode=mode)
+    if f"{p}BOOTSTRAP_QUEUE_MODE" not in env:
+        if boot.mode == "auto":
+            boot = replace(boot, auto_mode=mode)
+        elif boot.mode != "off":
+            boot = replace(boot, mode=mode)
+    return prefill, boot, decode

@@ -360,7 +360,7 @@ class QueueGuard(QueueMembership):
             "WaitingForInput": Deadline(),  # waits for a metadata buffer: back-pressure
             "Transferring": Deadline(),
         }
-        return deadlines, "enforce" if mode == "auto" else mode
+        return deadlines, config.bootstrap_queue.auto_mode if mode == "auto" else mode
 
     def lane(self, backend: str) -> Lane | None:
         """The lane of *backend*, created at first use; None if this queue does not

@@ -9,7 +9,7 @@ for why):
 
 * ``sglang:stallguard_state_seconds`` (histogram; labels ``queue``, ``backend``,
   ``state``, ``tp_rank``): seconds a request stayed in a state of the queue. Buckets:
-  :data:`stallguard._stats.LADDER` (1 ms to one week; 1, 2, 5 x 10^k below 10 s, then
+  :data:`stallguard.adapters.LADDER` (1 ms to one week; 1, 2, 5 x 10^k below 10 s, then
   15 s, 20 s, 30 s, 45 s, 1 min... the values deadlines are suggested in). Every ladder
   value is a bound of the in-process histogram, so the export is exact at its bounds;
   a quantile read from a scrape has the ladder's resolution (up to 2.5x below 10 s,
@@ -36,7 +36,7 @@ import threading
 from typing import Any
 
 from stallguard import Watchdog
-from stallguard._stats import BOUNDS, LADDER, StateStatistics
+from stallguard.adapters import StatisticsExporter, histogram_buckets
 
 __all__ = [
     "DEADLINE",
@@ -61,11 +61,6 @@ LABELS = ("queue", "backend", "state", "tp_rank")
 EXPORT_PERIOD = 1.0
 
 
-# ladder bucket j (values in (LADDER[j-1], LADDER[j]], the last one +Inf) = the fine
-# buckets BOUNDS[start:end] (exact: every ladder value is one of BOUNDS)
-_ENDS = (*(BOUNDS.index(v) + 1 for v in LADDER), len(BOUNDS))
-_SLICES: tuple[tuple[int, int], ...] = tuple(zip((0, *_ENDS[:-1]), _ENDS, strict=True))
-
 _lock = threading.Lock()
 _metrics: dict[str, Any] | None = None
 _failed = False
@@ -88,7 +83,7 @@ def _create() -> dict[str, Any] | None:
                     "Seconds a prefill KV-sender request stayed in a KVPoll state of a "
                     "stallguard-guarded queue (recorded when it left the state).",
                     labelnames=LABELS,
-                    buckets=(*LADDER, math.inf),
+                    buckets=histogram_buckets(),
                 ),
                 "deadline": Gauge(
                     DEADLINE,
@@ -118,16 +113,7 @@ class LaneStats:
         clock: the lane's clock.
     """
 
-    __slots__ = (
-        "_completed",
-        "_due",
-        "_sent",
-        "backend",
-        "clock",
-        "queue",
-        "rank",
-        "wd",
-    )
+    __slots__ = ("_due", "_exporter", "backend", "clock", "queue", "rank", "wd")
 
     def __init__(
         self, wd: Watchdog[Any], queue: str, backend: str, tp_rank: object, clock: Any
@@ -138,9 +124,7 @@ class LaneStats:
         self.rank = str(tp_rank)
         self.clock = clock
         self._due = -math.inf
-        # per state: ladder-bucket counts and sum already exported
-        self._sent: dict[str, tuple[list[int], float]] = {}
-        self._completed: dict[str, int] = {}
+        self._exporter: StatisticsExporter | None = None
 
     def tick(self, now: float) -> None:
         """Export if :data:`EXPORT_PERIOD` passed since the last export (queue loop)."""
@@ -154,56 +138,14 @@ class LaneStats:
         if metrics is None:
             return
         try:
-            self._export(metrics)
+            if self._exporter is None:
+                self._exporter = StatisticsExporter(
+                    metrics["seconds"],
+                    labels={"queue": self.queue, "backend": self.backend, "tp_rank": self.rank},
+                    deadline=metrics["deadline"],
+                    deadline_labels={"queue": self.queue, "backend": self.backend},
+                    completed=metrics["completed"],
+                )
+            self._exporter.export(self.wd.statistics())
         except Exception:  # a metrics problem must never break the scheduler loop
             log.exception("stallguard-sglang: could not export time-in-state metrics")
-
-    def _export(self, metrics: dict[str, Any]) -> None:
-        stats = self.wd.statistics()
-        for label, s in stats.states.items():
-            self._export_state(metrics, label, s)
-            done = s.fired_completed
-            before = self._completed.get(label, 0)
-            if done > before:
-                metrics["completed"].labels(self.queue, self.backend, label, self.rank).inc(
-                    done - before
-                )
-                self._completed[label] = done
-
-    def _export_state(self, metrics: dict[str, Any], label: str, s: StateStatistics) -> None:
-        """Add one state's new stays to the histogram (and set its deadline gauge once)."""
-        dist = s.distribution
-        sent = self._sent.get(label)
-        if sent is None:
-            sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
-            metrics["deadline"].labels(self.queue, self.backend, label).set(s.deadline or 0)
-        elif sum(sent[0]) == dist.count:
-            return  # nothing new in this state
-        fine = dist.counts
-        counts = [sum(fine[a:b]) for a, b in _SLICES]
-        child = metrics["seconds"].labels(self.queue, self.backend, label, self.rank)
-        _add(child, counts, sent[0], dist.total - sent[1])
-        self._sent[label] = (counts, dist.total)
-
-
-def _add(child: Any, counts: list[int], sent: list[int], total: float) -> None:
-    """Add ``counts - sent`` per bucket, and *total* to the sum, to a prometheus_client
-    histogram child. prometheus_client has no public bulk add: this uses the child's
-    per-bucket values (``_buckets``, ``_sum``: the same ``inc`` its ``observe()`` calls,
-    in its multiprocess files too); without them it observes each value at its bucket's
-    upper bound."""
-    buckets = getattr(child, "_buckets", None)
-    total_value = getattr(child, "_sum", None)
-    exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
-    for i, (now, before) in enumerate(zip(counts, sent, strict=True)):
-        delta = now - before
-        if delta <= 0:
-            continue
-        if exact:
-            buckets[i].inc(delta)  # type: ignore[index]
-        else:  # pragma: no cover - a prometheus_client without the internals
-            bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
-            for _ in range(delta):
-                child.observe(bound)
-    if exact and total > 0:
-        total_value.inc(total)  # type: ignore[union-attr]

@@ -13,6 +13,8 @@ TYPE_CHECKING = False  # (not typing's: see the note below)
 if TYPE_CHECKING:
     import packaging.specifiers
 
+    from stallguard.adapters import VersionSupport
+
 __all__ = [
     "SUPPORTED_SGLANG",
     "TESTED_SGLANG",
@@ -21,13 +23,14 @@ __all__ = [
     "nixl_has_bootstrap_timeout",
     "parse_version",
     "sglang_version",
+    "support",
     "supported_specifier",
 ]
 
-# (importlib.metadata, importlib.util and packaging are imported inside the functions
-# that need them, or not at all: the .pth activation imports this module at interpreter
-# start-up when the adapter is enabled, and importing importlib.metadata alone costs tens
-# of milliseconds)
+# (stallguard.adapters, and through it importlib.metadata and packaging, is imported
+# inside the functions that need it: the .pth activation imports this module at
+# interpreter start-up when the adapter is enabled, and importing importlib.metadata
+# alone costs tens of milliseconds)
 
 #: The SGLang releases the adapter supports: a PEP 440 specifier, checked with
 #: ``packaging`` everywhere (:func:`is_supported`, ``python -m stallguard_sglang``, the
@@ -40,12 +43,24 @@ TESTED_SGLANG = ("0.5.17", "0.5.23")
 #: upstream PR sgl-project/sglang#34692 gave NIXL its prefill bootstrap deadline in 0.5.18.
 _NIXL_BOOTSTRAP_TIMEOUT_SINCE = (0, 5, 18)
 
+_SUPPORT: VersionSupport | None = None
+
+
+def support() -> VersionSupport:
+    """:data:`SUPPORTED_SGLANG` and its check, a ``stallguard.adapters.VersionSupport``
+    (made at the first call: this module is imported at interpreter start-up by the
+    ``.pth`` activation, where stallguard must not be)."""
+    global _SUPPORT
+    if _SUPPORT is None:
+        from stallguard.adapters import VersionSupport
+
+        _SUPPORT = VersionSupport("sglang", SUPPORTED_SGLANG, label="SGLang", tested=TESTED_SGLANG)
+    return _SUPPORT
+
 
 def supported_specifier() -> packaging.specifiers.SpecifierSet:
     """:data:`SUPPORTED_SGLANG` as a ``packaging.specifiers.SpecifierSet``."""
-    from packaging.specifiers import SpecifierSet
-
-    return SpecifierSet(SUPPORTED_SGLANG, prereleases=True)
+    return support().specifier_set()
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -55,23 +70,15 @@ def parse_version(version: str) -> tuple[int, ...]:
     Raises:
         ValueError: if *version* is not a PEP 440 version (the message names it).
     """
-    from packaging.version import InvalidVersion, Version
+    from stallguard.adapters import release_of
 
-    try:
-        return Version(version).release
-    except (InvalidVersion, TypeError):
-        raise ValueError(f"not a PEP 440 version number: {version!r}") from None
+    return release_of(version)
 
 
 def sglang_version() -> str | None:
     """The installed SGLang's version (from its distribution metadata), or None if SGLang
     is not installed. Does not import SGLang."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return support().installed()
 
 
 def is_supported(version: str | None = None) -> bool:
@@ -82,16 +89,7 @@ def is_supported(version: str | None = None) -> bool:
     Raises:
         ValueError: if *version* is not a PEP 440 version.
     """
-    from packaging.version import InvalidVersion, Version
-
-    version = version if version is not None else sglang_version()
-    if version is None:
-        return False
-    try:
-        parsed = Version(version)
-    except (InvalidVersion, TypeError):
-        raise ValueError(f"not a PEP 440 version number: {version!r}") from None
-    return supported_specifier().contains(parsed)
+    return support().is_supported(version)
 
 
 def nixl_has_bootstrap_timeout(version: str | None = None) -> bool:

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from stallguard import ConfigError
-from stallguard._adapters import describe_exception
-from stallguard._validate import shorten
+from stallguard.adapters import describe_exception, shorten
 
 from ._config import ENV_CONFIG, ENV_ENABLE, Config, load_config
 from .package import SUPPORTED_SGLANG, is_supported, sglang_version

@@ -10,65 +10,55 @@ Importing this package is cheap: nothing here imports vLLM.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DEFAULTS",
-    "ENV_CONFIG",
-    "ENV_ENABLE",
-    "SUPPORTED_VLLM",
-    "TESTED_VLLM",
-    "Config",
-    "CoverageRow",
-    "Orders",
-    "PhaseTracker",
-    "connector_config",
-    "coverage_rows",
-    "format_coverage",
-    "is_supported",
-    "load_config",
-    "parse_config",
-    "register",
-    "vllm_version",
-]
+from stallguard.adapters import lazy_attribute, lazy_names
 
-_LAZY = {
-    "DEFAULTS": "._config",
-    "ENV_CONFIG": "._config",
-    "ENV_ENABLE": "._config",
-    "Config": "._config",
-    "connector_config": "._config",
-    "load_config": "._config",
-    "parse_config": "._config",
-    "CoverageRow": "._coverage",
-    "coverage_rows": "._coverage",
-    "format_coverage": "._coverage",
-    "Orders": "._phases",
-    "PhaseTracker": "._phases",
-    "SUPPORTED_VLLM": ".package",
-    "TESTED_VLLM": ".package",
-    "is_supported": ".package",
-    "vllm_version": ".package",
-    "register": ".plugin",
+if TYPE_CHECKING:  # the lazy exports below, with their static types
+    from ._config import DEFAULTS as DEFAULTS
+    from ._config import ENV_CONFIG as ENV_CONFIG
+    from ._config import ENV_ENABLE as ENV_ENABLE
+    from ._config import EXTRA_CONFIG_KEY as EXTRA_CONFIG_KEY
+    from ._config import Config as Config
+    from ._config import connector_config as connector_config
+    from ._config import load_config as load_config
+    from ._config import parse_config as parse_config
+    from ._coverage import CoverageRow as CoverageRow
+    from ._coverage import coverage_rows as coverage_rows
+    from ._coverage import format_coverage as format_coverage
+    from ._phases import Orders as Orders
+    from ._phases import PhaseTracker as PhaseTracker
+    from .package import SUPPORTED_VLLM as SUPPORTED_VLLM
+    from .package import TESTED_VLLM as TESTED_VLLM
+    from .package import is_supported as is_supported
+    from .package import vllm_version as vllm_version
+    from .plugin import register as register
+
+#: module -> the public names it defines, imported at first use; the TYPE_CHECKING
+#: imports above are the same names, for their types (tests/test_adapter_kit.py checks
+#: that the two agree)
+_EXPORTS = {
+    "._config": (
+        "DEFAULTS",
+        "ENV_CONFIG",
+        "ENV_ENABLE",
+        "EXTRA_CONFIG_KEY",
+        "Config",
+        "connector_config",
+        "load_config",
+        "parse_config",
+    ),
+    "._coverage": ("CoverageRow", "coverage_rows", "format_coverage"),
+    "._phases": ("Orders", "PhaseTracker"),
+    ".package": ("SUPPORTED_VLLM", "TESTED_VLLM", "is_supported", "vllm_version"),
+    ".plugin": ("register",),
 }
+__all__ = lazy_names(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        if name == "__version__":
-            from importlib.metadata import PackageNotFoundError, version
-
-            try:
-                return version("stallguard-vllm")
-            except PackageNotFoundError:
-                return "0+unknown"
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+def __getattr__(name: str) -> object:
+    return lazy_attribute(__name__, _EXPORTS, name, distribution="stallguard-vllm")
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return list(__all__)

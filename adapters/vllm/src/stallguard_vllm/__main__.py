@@ -11,17 +11,14 @@ vLLM. Exit status:
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import NoReturn
 
 from stallguard import ConfigError
-from stallguard._adapters import run_console, version_action, versions_line
-from stallguard._validate import seconds_or_problem
+from stallguard.adapters import OneLineParser, run_console, seconds_arg, version_action
 
 from ._config import ENV_CONFIG, ENV_ENABLE, connector_config
 from ._coverage import coverage_rows, format_coverage
-from .package import SUPPORTED_VLLM, is_supported, vllm_version
+from .package import SUPPORT, SUPPORTED_VLLM, is_supported, vllm_version
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # also argparse's own status for bad arguments
@@ -29,35 +26,12 @@ EXIT_VLLM_MISSING = 3
 EXIT_UNSUPPORTED = 4
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """One line on stderr (no usage dump), exit status 2."""
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    seconds = seconds_or_problem(value)
-    if isinstance(seconds, str):
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is not a positive, finite number of seconds"
-        )
-    return seconds
-
-
-def _versions() -> str:
-    return versions_line("stallguard-vllm", "vllm", "vLLM", SUPPORTED_VLLM)
-
-
-_VersionAction = version_action(lambda: _versions())
+_VersionAction = version_action(lambda: SUPPORT.versions_line("stallguard-vllm"))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m stallguard_vllm",
         description="Validate stallguard-vllm's configuration and print the coverage "
         "table (what vLLM bounds on its own, what stallguard adds), without starting vLLM.",
@@ -77,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only this NIXL transfer mode (repeatable; default: both)",
     )
     parser.add_argument(
-        "--lease", type=_seconds, help="the prefill's kv_lease_duration (default: vLLM's 30 s)"
+        "--lease", type=seconds_arg, help="the prefill's kv_lease_duration (default: vLLM's 30 s)"
     )
     args = parser.parse_args(argv)
     try:

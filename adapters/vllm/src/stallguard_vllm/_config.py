@@ -1,4 +1,5 @@
-"""The adapter's configuration: environment variables and the TOML file.
+"""The adapter's configuration: environment variables, the TOML file, and the
+``"stallguard"`` entry of vLLM's ``kv_connector_extra_config``.
 
 Every error is a :class:`stallguard.ConfigError` naming the file (or variable), the
 dotted key and the bad value, in the core's message shape::
@@ -11,16 +12,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from stallguard import ConfigError
-from stallguard._adapters import TableReader, describe_exception, env_enabled, read_config
+from stallguard.adapters import (
+    TableReader,
+    describe_exception,
+    env_enabled,
+    read_config,
+    read_toml,
+)
 
 __all__ = [
     "DEFAULTS",
     "ENV_CONFIG",
     "ENV_ENABLE",
+    "EXTRA_CONFIG_KEY",
+    "EXTRA_SOURCE",
     "Config",
     "Mode",
     "load_config",
@@ -32,6 +41,13 @@ ENV_CONFIG = "STALLGUARD_VLLM_CONFIG"
 #: ``1`` enables the adapter with the defaults; ``0`` disables it even when
 #: :data:`ENV_CONFIG` is set or the stallguard connector is selected (a kill switch).
 ENV_ENABLE = "STALLGUARD_VLLM"
+
+#: The key of ``kv_connector_extra_config`` (in ``--kv-transfer-config``) whose value is
+#: a table of this adapter's settings, the TOML file's schema:
+#: ``{"stallguard": {"mode": "report", "decode": {"Receiving": 60}}}``.
+EXTRA_CONFIG_KEY = "stallguard"
+#: How messages name that table.
+EXTRA_SOURCE = f'kv_connector_extra_config["{EXTRA_CONFIG_KEY}"]'
 
 Mode = Literal["enforce", "report", "off"]
 
@@ -113,34 +129,58 @@ def load_config(environ: Mapping[str, str] | None = None) -> Config | None:
     return read_config(path, var=ENV_CONFIG, parse=lambda data: parse_config(data, source=path))
 
 
-def connector_config(environ: Mapping[str, str] | None = None) -> Config:
+def connector_config(environ: Mapping[str, str] | None = None, extra: object = None) -> Config:
     """The configuration a stallguard connector runs with: :func:`load_config`'s, the
-    defaults when the environment names none, ``mode = "off"`` under ``STALLGUARD_VLLM=0``.
+    defaults when the environment names none, ``mode = "off"`` under ``STALLGUARD_VLLM=0``
+    (whatever else is set); then the ``"stallguard"`` table of *extra* (vLLM's
+    ``kv_connector_extra_config``), if it has one, key by key over the file's.
+
+    The table is validated on its own first, by the file's rules (:func:`parse_config`),
+    so its errors name ``kv_connector_extra_config["stallguard"]``, the key and the value.
 
     Raises:
-        stallguard.ConfigError: as :func:`load_config`.
+        stallguard.ConfigError: as :func:`load_config`, or for a bad extra-config table.
     """
     env = os.environ if environ is None else environ
     config = load_config(env)
-    if config is not None:
+    if config is None:
+        if ENV_ENABLE in env:  # an explicit 0: the kill switch
+            return Config(mode="off", source=f"{ENV_ENABLE}={env[ENV_ENABLE]}")
+        config = Config(source="defaults (connector selected, no STALLGUARD_VLLM_CONFIG)")
+    if not isinstance(extra, Mapping) or EXTRA_CONFIG_KEY not in extra:
         return config
-    if ENV_ENABLE in env:  # an explicit 0: the kill switch
-        return Config(mode="off", source=f"{ENV_ENABLE}={env[ENV_ENABLE]}")
-    return Config(source="defaults (connector selected, no STALLGUARD_VLLM_CONFIG)")
+    section = extra[EXTRA_CONFIG_KEY]
+    parse_config(section, source=EXTRA_SOURCE)  # its own errors, naming it
+    path = env_enabled(env, enable_var=ENV_ENABLE, config_var=ENV_CONFIG)
+    document = read_toml(path, var=ENV_CONFIG) if path else {}
+    merged = parse_config(_merge(document, section), source=EXTRA_SOURCE)
+    return replace(merged, source=f"{config.source} + {EXTRA_SOURCE}")
 
 
-def parse_config(data: Mapping[str, Any], *, source: str = "<dict>") -> Config:
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """*over*'s keys over *base*'s, table by table (both already validated)."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(value, Mapping) and isinstance(below, Mapping):
+            out[key] = _merge(below, value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_config(data: object, *, source: str = "<dict>") -> Config:
     """Validate an already-parsed TOML document into a :class:`Config`.
 
     Raises:
         stallguard.ConfigError: ``"<source>: [<table>] <key> = <value>: <problem>"``.
     """
     top = TableReader(data, source=source, where="", allowed=_TOP_KEYS)
-    mode = top.choice("mode", ("enforce", "report", "off"), "enforce")
+    mode: Any = top.choice("mode", ("enforce", "report", "off"), "enforce")
     decode = top.sub("decode", _DECODE_KEYS)
     prefill = top.sub("prefill", _PREFILL_KEYS)
     return Config(
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,
         queued=decode.seconds("Queued", DEFAULTS["Queued"]),
         receiving=decode.seconds("Receiving", DEFAULTS["Receiving"]),
         aborted_held=decode.seconds("AbortedHeld", DEFAULTS["AbortedHeld"]),
@@ -150,7 +190,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<dict>") -> Config:
     )
 
 
-def config_or_raise(environ: Mapping[str, str] | None = None) -> Config:
+def config_or_raise(environ: Mapping[str, str] | None = None, extra: object = None) -> Config:
     """:func:`connector_config`, with the error message prefixed by the adapter's name
     (what a vLLM operator sees when the engine refuses to start).
 
@@ -159,7 +199,7 @@ def config_or_raise(environ: Mapping[str, str] | None = None) -> Config:
             loading it (never a raw traceback, never a connector without its config).
     """
     try:
-        return connector_config(environ)
+        return connector_config(environ, extra)
     except ConfigError as e:
         raise ConfigError(
             f"stallguard-vllm: invalid configuration, refusing to start: {e}"

@@ -122,7 +122,8 @@ class _Stallguard:
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
-        config = config_or_raise()  # a bad file stops the engine here, naming key and value
+        # a bad file or extra-config table stops the engine here, naming key and value
+        config = config_or_raise(extra=vllm_config.kv_transfer_config.kv_connector_extra_config)
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[call-arg]
         self.stallguard_config: Config = config
         #: the scheduler side's tracker (None on workers or with mode "off").

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from stallguard import ConfigError
-from stallguard._adapters import describe_exception
+from stallguard.adapters import describe_exception
 
 from ._config import ENV_CONFIG, load_config
 

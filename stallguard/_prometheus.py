@@ -1,0 +1,132 @@
+"""Statistics -> Prometheus: a watchdog's time in state added to prometheus_client
+metrics, incrementally (part of :mod:`stallguard.adapters`).
+
+The in-process histogram has a fine, fixed layout (:data:`BOUNDS`, ~760 buckets); a
+Prometheus histogram gets the coarse :data:`LADDER` (the values deadlines are written
+in). Every ladder value is one of the fine bounds, so the export is exact at its
+bounds. prometheus_client is imported by the caller (it creates the metrics), never
+here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ._stats import BOUNDS, LADDER, StateStatistics, Statistics
+
+__all__ = ["StatisticsExporter", "histogram_buckets"]
+
+# ladder bucket j (values in (LADDER[j-1], LADDER[j]], the last one +Inf) = the fine
+# buckets BOUNDS[start:end] (exact: every ladder value is one of BOUNDS)
+_ENDS = (*(BOUNDS.index(v) + 1 for v in LADDER), len(BOUNDS))
+_SLICES: tuple[tuple[int, int], ...] = tuple(zip((0, *_ENDS[:-1]), _ENDS, strict=True))
+
+
+def histogram_buckets() -> tuple[float, ...]:
+    """The ``buckets=`` of a Prometheus histogram that :class:`StatisticsExporter`
+    feeds: :data:`LADDER` and ``+Inf``."""
+    return (*LADDER, math.inf)
+
+
+class StatisticsExporter:
+    """Adds what a watchdog recorded since the last call to Prometheus metrics.
+
+    Args:
+        histogram: a prometheus_client ``Histogram`` with ``buckets=histogram_buckets()``
+            whose label names are those of *labels* and *state_label*.
+        labels: the label values of this watchdog's series, besides the state.
+        deadline: optional ``Gauge`` of the state deadline in force, set once per state
+            (0: no deadline).
+        deadline_labels: its label values besides the state (default: *labels*).
+        completed: optional ``Counter`` of requests reported overdue (report mode) that
+            then completed (``StateStatistics.fired_completed``), labelled as the
+            histogram.
+        state_label: the name of the state label.
+
+    prometheus_client has no public bulk add to a histogram: :meth:`export` adds to the
+    child's per-bucket values (``_buckets``, ``_sum``: the same ``inc`` its
+    ``observe()`` calls, in its multiprocess files too); a client without them gets one
+    ``observe()`` per stay at its bucket's upper bound (bucket counts exact, sum not).
+    Not thread-safe: call it from one thread (the engine's loop).
+    """
+
+    __slots__ = (
+        "_completed",
+        "_sent",
+        "completed",
+        "deadline",
+        "deadline_labels",
+        "histogram",
+        "labels",
+        "state_label",
+    )
+
+    def __init__(
+        self,
+        histogram: Any,
+        *,
+        labels: Mapping[str, str],
+        deadline: Any = None,
+        deadline_labels: Mapping[str, str] | None = None,
+        completed: Any = None,
+        state_label: str = "state",
+    ) -> None:
+        self.histogram = histogram
+        self.labels = dict(labels)
+        self.deadline = deadline
+        self.deadline_labels = dict(labels if deadline_labels is None else deadline_labels)
+        self.completed = completed
+        self.state_label = state_label
+        # per state: ladder-bucket counts and sum already exported
+        self._sent: dict[str, tuple[list[int], float]] = {}
+        self._completed: dict[str, int] = {}
+
+    def export(self, statistics: Statistics) -> None:
+        """Add every state's stays recorded since the last call (and the new
+        reported-then-completed requests)."""
+        for label, s in statistics.states.items():
+            self._export_state(label, s)
+            if self.completed is None:
+                continue
+            done = s.fired_completed
+            before = self._completed.get(label, 0)
+            if done > before:
+                self.completed.labels(**self.labels, **{self.state_label: label}).inc(done - before)
+                self._completed[label] = done
+
+    def _export_state(self, label: str, s: StateStatistics) -> None:
+        dist = s.distribution
+        sent = self._sent.get(label)
+        if sent is None:
+            sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
+            if self.deadline is not None:
+                labels = {**self.deadline_labels, self.state_label: label}
+                self.deadline.labels(**labels).set(s.deadline or 0)
+        elif sum(sent[0]) == dist.count:
+            return  # nothing new in this state
+        fine = dist.counts
+        counts = [sum(fine[a:b]) for a, b in _SLICES]
+        child = self.histogram.labels(**self.labels, **{self.state_label: label})
+        _add(child, counts, sent[0], dist.total - sent[1])
+        self._sent[label] = (counts, dist.total)
+
+
+def _add(child: Any, counts: list[int], sent: list[int], total: float) -> None:
+    """Add ``counts - sent`` per bucket, and *total* to the sum, to a histogram child."""
+    buckets = getattr(child, "_buckets", None)
+    total_value = getattr(child, "_sum", None)
+    exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
+    for i, (now, before) in enumerate(zip(counts, sent, strict=True)):
+        delta = now - before
+        if delta <= 0:
+            continue
+        if exact:
+            buckets[i].inc(delta)  # type: ignore[index]
+        else:  # pragma: no cover - a prometheus_client without the internals
+            bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
+            for _ in range(delta):
+                child.observe(bound)
+    if exact and total > 0:
+        total_value.inc(total)  # type: ignore[union-attr]

@@ -1,0 +1,78 @@
+"""The adapter kit: what an engine adapter (stallguard-sglang, stallguard-vllm, yours)
+needs from the core, public and documented (docs/adapters.md, "Writing an adapter").
+
+Configuration, every error one :class:`~stallguard.ConfigError` naming the source, the
+key and the value:
+
+* :func:`env_enabled` - the enable switch and the config-file variable;
+* :func:`read_toml`, :func:`read_config` - a TOML file named by a variable, through the
+  adapter's schema;
+* :class:`TableReader` - strict reading of one table (unknown keys with a hint,
+  sub-tables, choices, seconds, deadlines tables);
+* :class:`EnvReader` - per-key environment overrides, read by the same rules;
+* :func:`did_you_mean`, :func:`describe_exception`, :func:`shorten`,
+  :func:`printable` - the pieces of those messages.
+
+Packaging and the command line: :func:`lazy_attribute` / :func:`lazy_names` (a cheap,
+typed package face), :class:`VersionSupport` (the supported engine releases: one
+specifier and its check), :func:`versions_line`, :func:`version_action`,
+:class:`OneLineParser`, :func:`one_line`, :func:`seconds_arg`, :func:`run_console`.
+
+Time in state on Prometheus: :data:`BOUNDS` and :data:`LADDER` (the statistics bucket
+layout), :func:`histogram_buckets`, :class:`StatisticsExporter`, and
+:func:`read_prometheus` (samples of a text exposition).
+
+Nothing here imports an engine, prometheus_client or (until a check runs) packaging.
+"""
+
+from __future__ import annotations
+
+from ._adapters import (
+    EnvReader,
+    OneLineParser,
+    TableReader,
+    describe_exception,
+    env_enabled,
+    one_line,
+    printable,
+    read_config,
+    read_toml,
+    run_console,
+    seconds_arg,
+    version_action,
+    versions_line,
+)
+from ._advice import read_prometheus
+from ._lazy import lazy_attribute, lazy_names
+from ._prometheus import StatisticsExporter, histogram_buckets
+from ._stats import BOUNDS, LADDER
+from ._validate import did_you_mean, shorten
+from ._versions import VersionSupport, installed_version, release_of
+
+__all__ = [
+    "BOUNDS",
+    "LADDER",
+    "EnvReader",
+    "OneLineParser",
+    "StatisticsExporter",
+    "TableReader",
+    "VersionSupport",
+    "describe_exception",
+    "did_you_mean",
+    "env_enabled",
+    "histogram_buckets",
+    "installed_version",
+    "lazy_attribute",
+    "lazy_names",
+    "one_line",
+    "printable",
+    "read_config",
+    "read_prometheus",
+    "read_toml",
+    "release_of",
+    "run_console",
+    "seconds_arg",
+    "shorten",
+    "version_action",
+    "versions_line",
+]
