@@ -1063,7 +1063,8 @@ def test_command(args: list[str]) -> int:
     rc = env_command()
     if rc:
         return rc
-    cmd = [str(venv_python(VENV)), "-m", "pytest", *args]
+    # the slowest tests are printed, so a run that grows toward CI's budget says where
+    cmd = [str(venv_python(VENV)), "-m", "pytest", "--durations=30", *args]
     log("test: " + " ".join(cmd))
     rc = subprocess.call(cmd, cwd=ROOT)
     if rc == 5:
