@@ -9,6 +9,10 @@ connector's scheduler side from its KV-transfer config:
 * ``enabled``: ``StallguardNixlConnector`` (stallguard-vllm, default deadlines; nothing
   expires during the run).
 
+With ``--connector mooncake`` the inner connector is vLLM's ``MooncakeConnector`` in both
+arms: ``disabled`` is it alone, ``enabled`` is ``StallguardConnector`` wrapping it (the
+generic guard, named in ``kv_connector_extra_config["inner"]``).
+
 Each gets N decode requests with ``do_remote_prefill`` params, stepped until all N sit in
 ``WAITING_FOR_REMOTE_KVS`` (the worker side is not involved: no transfer completes, as
 when the prefill is slow). The timed operation is one engine step of the scheduler:
@@ -38,7 +42,25 @@ os.environ.pop("STALLGUARD_VLLM", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "adapters" / "vllm" / "tests"))
 
 
-def build(n: int, connector: str):  # type: ignore[no-untyped-def]
+MOONCAKE_PARAMS = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_engine_id": "P-engine",
+    "remote_bootstrap_addr": "http://127.0.0.1:5998",
+}
+NIXL_PARAMS = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_engine_id": "P-engine",
+    "remote_request_id": "p",
+    "remote_block_ids": [[0, 1, 2, 3]],
+    "remote_host": "127.0.0.1",
+    "remote_port": 5999,
+    "tp_size": 1,
+}
+
+
+def build(n: int, connector: str, inner: str | None = None):  # type: ignore[no-untyped-def]
     import torch
     import vllm_engine as V
     from vllm.config import set_current_vllm_config
@@ -47,7 +69,10 @@ def build(n: int, connector: str):  # type: ignore[no-untyped-def]
     from vllm.v1.structured_output import StructuredOutputManager
 
     module = "stallguard_vllm.connector" if connector.startswith("Stallguard") else None
-    vc = V.vllm_config("kv_consumer", f"D-{connector}", connector=connector, module_path=module)
+    extra = {"inner": {"kv_connector": inner}} if inner else None
+    vc = V.vllm_config(
+        "kv_consumer", f"D-{connector}", connector=connector, module_path=module, extra=extra
+    )
     blocks = 4 * n + 64
     vc.cache_config.num_gpu_blocks = blocks
     vc.scheduler_config.max_num_seqs = 256
@@ -65,18 +90,13 @@ def build(n: int, connector: str):  # type: ignore[no-untyped-def]
             structured_output_manager=StructuredOutputManager(vc),
             block_size=V.BLOCK,
         )
-    params = {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "remote_engine_id": "P-engine",
-        "remote_request_id": "p",
-        "remote_block_ids": [[0, 1, 2, 3]],
-        "remote_host": "127.0.0.1",
-        "remote_port": 5999,
-        "tp_size": 1,
-    }
+    mooncake = "Mooncake" in (inner or connector)
+    params = MOONCAKE_PARAMS if mooncake else NIXL_PARAMS
     for i in range(n):
-        sched.add_request(V.request(f"{connector}-{i}", dict(params), 4))
+        p = dict(params)
+        if mooncake:
+            p["transfer_id"] = f"t-{i}"
+        sched.add_request(V.request(f"{connector}-{i}", p, 4))
     for _ in range(10 * n):
         if all(r.status.name == "WAITING_FOR_REMOTE_KVS" for r in sched.requests.values()):
             break
@@ -109,6 +129,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30, help="alternations of the arms")
     parser.add_argument("--steps", type=int, default=50, help="steps per arm per round")
     parser.add_argument("--quick", action="store_true", help="smoke run")
+    parser.add_argument(
+        "--connector",
+        choices=("nixl", "mooncake"),
+        default="nixl",
+        help="the inner connector of both arms",
+    )
     args = parser.parse_args()
     if args.quick:
         args.n, args.rounds, args.steps = 50, 2, 5
@@ -118,10 +144,16 @@ def main() -> int:
 
     init_none_hash(sha256)
     _ = V.model_dir()
-    arms = {
-        "disabled": build(args.n, "NixlConnector"),
-        "enabled": build(args.n, "StallguardNixlConnector"),
-    }
+    if args.connector == "mooncake":
+        arms = {
+            "disabled": build(args.n, "MooncakeConnector"),
+            "enabled": build(args.n, "StallguardConnector", inner="MooncakeConnector"),
+        }
+    else:
+        arms = {
+            "disabled": build(args.n, "NixlConnector"),
+            "enabled": build(args.n, "StallguardNixlConnector"),
+        }
     assert len(arms["enabled"].connector.stallguard.transfers) == args.n
     times: dict[str, list[float]] = {name: [] for name in arms}
     order = list(arms)
@@ -136,7 +168,8 @@ def main() -> int:
         assert all(r.status.name == "WAITING_FOR_REMOTE_KVS" for r in sched.requests.values())
     med = {name: statistics.median(v) for name, v in times.items()}
     print(
-        f"python {platform.python_version()}, {os.cpu_count()} CPUs; N = {args.n}, "
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs; inner {args.connector}; "
+        f"N = {args.n}, "
         f"{args.rounds} rounds x {args.steps} steps per arm"
     )
     for name, m in med.items():

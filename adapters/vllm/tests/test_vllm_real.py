@@ -249,7 +249,11 @@ def test_bad_config_stops_the_engine(scenarios: Any) -> None:
         assert message is not None, f"{where}: a bad file did not stop it"
         assert message.startswith("ConfigError: stallguard-vllm: invalid configuration")
         assert want in message
-    assert bad["registered"] == ["StallguardNixlConnector", "StallguardNixlPushConnector"]
+    assert bad["registered"] == [
+        "StallguardConnector",
+        "StallguardNixlConnector",
+        "StallguardNixlPushConnector",
+    ]
 
 
 def test_peer_killed_frees_the_quarantine(scenarios: Any) -> None:

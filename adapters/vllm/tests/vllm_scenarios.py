@@ -134,7 +134,11 @@ class Prefill:
             target=prefill_process, args=(self.inq, self.outq, port), daemon=True
         )
         self.proc.start()
-        ready = self.outq.get(timeout=240)
+        try:
+            ready = self.outq.get(timeout=240)
+        except BaseException:  # never leave the child holding its ports
+            self.kill()
+            raise
         assert isinstance(ready, dict) and ready.get("ready"), ready
 
     def prefill(self, rid: str, mode: str = "pull") -> dict[str, Any]:
