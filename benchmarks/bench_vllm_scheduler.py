@@ -6,7 +6,7 @@ decode engines' REAL ``Scheduler`` objects (vLLM 0.33.0), each building its KV
 connector's scheduler side from its KV-transfer config:
 
 * ``disabled``: vLLM's ``NixlConnector``;
-* ``enabled``: ``StallguardNixlConnector`` (stallguard-vllm, default deadlines; nothing
+* ``enabled``: ``StallguardNixlConnector`` (stallguard-vllm, deadlines of a day: nothing
   expires during the run).
 
 With ``--connector mooncake`` the inner connector is vLLM's ``MooncakeConnector`` in both
@@ -31,14 +31,19 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-os.environ.pop("STALLGUARD_VLLM_CONFIG", None)
 os.environ.pop("STALLGUARD_VLLM", None)
+# deadlines of a day: nothing expires during the run however slow the machine is (the
+# defaults' 120 s Receiving passed mid-run at load 60, failing requests in one arm)
+_CONFIG = Path(tempfile.mkdtemp(prefix="sg-bench-")) / "stallguard-vllm.toml"
+_CONFIG.write_text("[decode]\nQueued = 86400\nReceiving = 86400\n")
+os.environ["STALLGUARD_VLLM_CONFIG"] = str(_CONFIG)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "adapters" / "vllm" / "tests"))
 
 
@@ -130,6 +135,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=50, help="steps per arm per round")
     parser.add_argument("--quick", action="store_true", help="smoke run")
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also count the Python calls per step of each arm (cProfile; load-independent)",
+    )
+    parser.add_argument(
         "--connector",
         choices=("nixl", "mooncake"),
         default="nixl",
@@ -166,6 +176,18 @@ def main() -> int:
             times[name].append((time.perf_counter() - t0) / args.steps)
     for sched in arms.values():
         assert all(r.status.name == "WAITING_FOR_REMOTE_KVS" for r in sched.requests.values())
+    calls: dict[str, float] = {}
+    if args.profile:
+        import cProfile
+        import pstats
+
+        for name, sched in arms.items():
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.steps):
+                step(sched)
+            prof.disable()
+            calls[name] = pstats.Stats(prof).total_calls / args.steps  # type: ignore[attr-defined]
     med = {name: statistics.median(v) for name, v in times.items()}
     print(
         f"python {platform.python_version()}, {os.cpu_count()} CPUs; inner {args.connector}; "
@@ -180,6 +202,11 @@ def main() -> int:
     print(f"enabled/disabled = {med['enabled'] / med['disabled']:.3f}x (ratio of medians)")
     paired = [e / d for e, d in zip(times["enabled"], times["disabled"], strict=True)]
     print(f"enabled/disabled = {statistics.median(paired):.3f}x (median of per-round ratios)")
+    if calls:
+        print(
+            f"Python calls per step: disabled {calls['disabled']:.0f}, enabled "
+            f"{calls['enabled']:.0f} (+{calls['enabled'] - calls['disabled']:.0f})"
+        )
     sys.stdout.flush()
     os._exit(0)
 

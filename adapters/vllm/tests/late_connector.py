@@ -26,8 +26,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 #: the remote peer: set = serving, clear = frozen
 GATE = threading.Event()
 GATE.set()
-#: what the peer writes into a block (float16-exact, never a vllm_engine pattern value)
-LATE_VALUE = 300.0
+
+
+def late_value(rid: str, block: int) -> float:
+    """What the peer writes into *block* for *rid*: float16-exact integers 256..955,
+    never a vllm_engine pattern value (1..251) nor NEW_OWNER, and distinct per request
+    (a block reused from an earlier request changes when the late write lands)."""
+    return float(256 + (sum(map(ord, rid)) * 7 + block * 13) % 700)
 
 
 class LateMetadata(KVConnectorMetadata):
@@ -89,7 +94,7 @@ class LateWriteConnector(KVConnectorBase_V1):
         GATE.wait()
         for cache in self._caches.values():
             for b in blocks:
-                cache[b].fill_(LATE_VALUE)
+                cache[b].fill_(late_value(rid, b))
         with self._lock:
             self.written[rid] = blocks
             self._done.add(rid)

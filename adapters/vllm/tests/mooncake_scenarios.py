@@ -93,7 +93,7 @@ class Prefill:
         self.proc = ctx.Process(target=prefill_process, args=(self.inq, self.outq), daemon=True)
         self.proc.start()
         try:
-            ready = self.outq.get(timeout=240)
+            ready = self.outq.get(timeout=600)
         except BaseException:  # never leave the child holding its ports
             self.kill()
             raise
@@ -308,6 +308,7 @@ def _mooncake(P: Prefill, clock: Any, V: Any) -> dict[str, Any]:
             "content": V.snapshot(e, blocks),
             "still": rid in e.scheduler.requests,
         }
+    out["outputs_before_thaw"] = {k: list(v) for k, v in outputs.items() if not k.startswith("w-")}
     P.thaw()
     thawed = time.monotonic()
     healthy_at = None
@@ -456,6 +457,12 @@ def unknown(clock: Any) -> dict[str, Any]:
         "new_owner_bytes_changed": V.bytes_changed(guarded, free),
         "late_bytes_in_failed_blocks": V.bytes_changed_since(guarded, content, failed_blocks),
         "written_blocks": guarded.worker.inner.written.get("u-sg"),
+        "late_pattern_bytes": sum(
+            int((guarded.caches[name][b] == L.late_value("u-sg", b)).sum())
+            * guarded.caches[name].element_size()
+            for name in V.LAYERS
+            for b in guarded.worker.inner.written.get("u-sg", [])
+        ),
         "still_held": "u-sg" in guarded.scheduler.requests,
         "plain": plain.ran["u-plain"].status.name,
         "quarantine": {"holds": snap.holds, "released": dict(snap.released)},
