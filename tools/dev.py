@@ -70,7 +70,8 @@ registration; each says what it stands in for). Only the real-server rig
 * `.venv-vllm`: a separate venv (vLLM's pins conflict with SGLang's) for stallguard-vllm's
   tests: vllm==0.33.0 and the pure-Python packages it imports (tools/vllm-packages.txt),
   all --no-deps, torch==2.13.0 and nixl==1.5.1 + nixl-cu12==1.5.1 pinned by
-  tools/constraints-vllm.txt, test tooling, the project and adapters/vllm editable
+  tools/constraints-vllm.txt, the non-CUDA Mooncake transfer engine (pinned as in
+  .venv, for vLLM's MooncakeConnector), test tooling, the project and adapters/vllm editable
   (see env_vllm()).
 
 Both SGLang venvs get `_stallguard_dev.pth`, which puts tests/_stubs (triton and torchvision
@@ -983,6 +984,10 @@ VLLM_PACKAGES = TOOLS / "vllm-packages.txt"  # pure-Python deps, pinned, --no-de
 VLLM = ["vllm==0.33.0"]
 VLLM_TORCH = ["torch==2.13.0"]
 VLLM_NIXL = ["nixl==1.5.1", "nixl-cu12==1.5.1"]
+# vLLM's MooncakeConnector (the generic guard's real tests): the same non-CUDA Mooncake
+# transfer engine as .venv's (MOONCAKE), --no-deps (its aiohttp/requests are in
+# tools/vllm-packages.txt; its msgpack import is only for the Mooncake store)
+VLLM_MOONCAKE = list(MOONCAKE)
 VLLM_TOOLING = [
     "pytest",
     "hypothesis",
@@ -993,7 +998,7 @@ VLLM_TOOLING = [
 ]
 VLLM_EDITABLE = [ROOT, ROOT / "adapters" / "vllm"]
 VLLM_IMPORT_CHECK = (
-    "import vllm, torch, nixl._api\n"
+    "import vllm, torch, nixl._api, mooncake.engine\n"
     "from vllm.v1.core.sched.scheduler import Scheduler\n"
     "from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker\n"
     "import stallguard_vllm\n"
@@ -1022,6 +1027,12 @@ def env_vllm(step) -> None:
         "vllm-deps", sha(key, VLLM_PACKAGES), lambda: vpip("--no-deps", "-r", VLLM_PACKAGES), stamps
     )
     step("vllm-nixl", sha(key, VLLM_NIXL), lambda: vpip("--no-deps", *VLLM_NIXL), stamps)
+    step(
+        "vllm-mooncake",
+        sha(key, VLLM_MOONCAKE),
+        lambda: vpip("--no-deps", *VLLM_MOONCAKE),
+        stamps,
+    )
     step("vllm-tooling", sha(key, VLLM_TOOLING), lambda: vpip("--no-deps", *VLLM_TOOLING), stamps)
     for proj in VLLM_EDITABLE:
         pyproject = proj / "pyproject.toml"

@@ -307,6 +307,7 @@ def step(e: Engine) -> tuple[dict[int, Any], Any]:
         finished_sending=res.finished_sending,
         finished_recving=res.finished_recving,
         failed_recving=res.failed_recving,
+        invalid_block_ids=w.get_block_ids_with_load_errors(),
         kv_connector_stats=w.get_kv_connector_stats(),
     )
     ids = [rid for rid in so.num_scheduled_tokens if rid in e.ran]

@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--transfer",
         action="append",
-        choices=("pull", "push"),
-        help="only this NIXL transfer mode (repeatable; default: both)",
+        choices=("pull", "push", "mooncake", "generic"),
+        help="only this connector's rows: NIXL pull or push, Mooncake, or a connector "
+        "stallguard has no refinement for (repeatable; default: every one)",
     )
     parser.add_argument(
         "--lease", type=seconds_arg, help="the prefill's kv_lease_duration (default: vLLM's 30 s)"
@@ -64,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"config: {config.source} (set {ENV_CONFIG}=<file.toml>; {ENV_ENABLE}=0 disables)")
     print(f"vLLM: {version or 'not installed'} ({support}; supported {SUPPORTED_VLLM})")
     print(f"mode: {config.mode}")
-    rows = coverage_rows(config, lease=args.lease, modes=args.transfer or ("pull", "push"))
+    rows = coverage_rows(
+        config, lease=args.lease, modes=args.transfer or ("pull", "push", "mooncake", "generic")
+    )
     print(format_coverage(rows))
     if version is None:
         print("stallguard-vllm: vLLM is not installed here", file=sys.stderr)

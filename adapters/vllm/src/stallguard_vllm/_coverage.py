@@ -25,7 +25,8 @@ class CoverageRow:
     Attributes:
         phase: stallguard's phase name (the config key).
         side: ``"decode"`` or ``"prefill"``.
-        transfer: ``"pull"``, ``"push"`` or ``"both"``.
+        transfer: ``"pull"``, ``"push"`` (NIXL), ``"mooncake"``, ``"generic"`` (a
+            connector stallguard has no refinement for) or ``"both"`` (every one).
         what: what the request waits for in this phase.
         native: vLLM's own bound, in words.
         stallguard: stallguard's deadline and action under this config.
@@ -83,6 +84,22 @@ def coverage_rows(
             "registration, then P's WRITE + notification",
             "none (push_registration_timeout 480 s only drops P's registration)",
             action(config.receiving, fail),
+        ),
+        CoverageRow(
+            "Receiving",
+            "decode",
+            "mooncake",
+            "the prefill's WRITE and its answer to the pull",
+            "ZMQ receive VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT + 60 = 540 s",
+            action(config.receiving, fail + " until the prefill answers"),
+        ),
+        CoverageRow(
+            "Receiving",
+            "decode",
+            "generic",
+            "the connector to end the load",
+            "the connector's own",
+            action(config.receiving, fail + " until the connector ends the load"),
         ),
         CoverageRow(
             "AbortedHeld",

@@ -31,6 +31,7 @@ Promises (tests/test_vllm_phases.py tries to break them):
 * a request is ordered failed in the first :meth:`step` at or past its phase's
   deadline, counted from when it entered the phase, and never before;
 * ``Queued`` is only ever reported, never failed;
+* ``HeldForRead`` is only reported when the connector cannot release a hold;
 * a failed request's blocks are released from quarantine only by its transfer's end
   (:meth:`PhaseTracker.done`), never by a deadline.
 """
@@ -99,6 +100,9 @@ class PhaseTracker:
             build a tracker).
         clock: seconds, never going backwards (tests: a ``FakeClock``).
         attributes: span attributes added to every request (engine id, role).
+        releases_sends: whether the connector can release a prefill's held blocks
+            (its refinement knows how); if not, an overdue ``HeldForRead`` is only
+            reported (counted ``reported``), never ordered released.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class PhaseTracker:
         *,
         clock: Callable[[], float] = time.monotonic,
         attributes: Mapping[str, Any] | None = None,
+        releases_sends: bool = True,
     ) -> None:
         if config.mode not in ("enforce", "report"):
             raise ValueError(f"a PhaseTracker needs mode enforce or report, got {config.mode!r}")
@@ -114,6 +119,7 @@ class PhaseTracker:
         self.clock = clock
         self.attributes = dict(attributes or {})
         self.enforce = config.mode == "enforce"
+        self.releases_sends = releases_sends
         self.transfers: Watchdog[str] = Watchdog(
             Spec(
                 name="vllm_kv_transfer",
@@ -128,6 +134,19 @@ class PhaseTracker:
             mode=config.mode,
             memory=1 << 16,
         )
+        # Report-only prefill holds, for a connector that cannot release one safely
+        self.holds: Watchdog[str] | None = None
+        if not releases_sends:
+            self.holds = Watchdog(
+                Spec(
+                    name="vllm_kv_held",
+                    deadlines={HELD_FOR_READ: config.held_for_read},
+                    terminal=[DONE],
+                ),
+                clock=clock,
+                mode="report",
+                memory=1 << 16,
+            )
         # Report-only: a request without blocks cannot be failed from a connector.
         self.queue: Watchdog[str] = Watchdog(
             Spec(name="vllm_kv_queued", deadlines={QUEUED: config.queued}, terminal=[DONE]),
@@ -197,8 +216,9 @@ class PhaseTracker:
 
     def held_for_read(self, rid: str, *, trace_headers: Mapping[str, str] | None = None) -> None:
         """Prefill: the prefill finished, its blocks are held for the decode's read."""
-        self.transfers.observe(rid, HELD_FOR_READ)
-        self._annotate(self.transfers, rid, "prefill", trace_headers)
+        wd = self.transfers if self.holds is None else self.holds
+        wd.observe(rid, HELD_FOR_READ)
+        self._annotate(wd, rid, "prefill", trace_headers)
 
     def done(self, rid: str, *, failed: bool = False) -> Hold[str] | None:
         """The transfer ended (``finished_recving`` / ``finished_sending``; *failed*:
@@ -206,6 +226,8 @@ class PhaseTracker:
         handle into its blocks any more. Releases its quarantine, if any (returned)."""
         self._end(self.queue, rid)
         self._end(self.transfers, rid)
+        if self.holds is not None:
+            self._end(self.holds, rid)
         self._memory.pop(rid, None)
         if rid in self.quarantine:
             return self.quarantine.release(
@@ -224,6 +246,9 @@ class PhaseTracker:
             self._count("reported", QUEUED)
         for _ in self.quarantine.check(now):
             self._count("quarantine_overdue", QUARANTINED)
+        if self.holds is not None:
+            for _ in self.holds.check(now):
+                self._count("reported", HELD_FOR_READ)
         expiries = self.transfers.check(now)
         if not expiries:
             return _NO_ORDERS
@@ -273,10 +298,12 @@ class PhaseTracker:
         state = self.transfers.state_of(rid)
         if state is None:
             state = self.queue.state_of(rid)
+        if state is None and self.holds is not None:
+            state = self.holds.state_of(rid)
         return None if state is None else str(state)
 
     def __len__(self) -> int:
-        return len(self.transfers) + len(self.queue)
+        return len(self.transfers) + len(self.queue) + (len(self.holds) if self.holds else 0)
 
     # ------------------------------------------------------------------ internals
 

@@ -7,10 +7,11 @@ before the scheduler is built, and in every worker. It does two things:
   bad file stops the engine at startup with a message naming the key and the value
   (vLLM does not catch a general plugin's exception: it propagates out of the engine
   core's constructor);
-* registers the connector names ``StallguardNixlConnector`` and
-  ``StallguardNixlPushConnector`` with vLLM's ``KVConnectorFactory`` (lazily: nothing
-  of vLLM's NIXL code is imported here), so ``--kv-transfer-config`` can name them
-  without ``kv_connector_module_path``.
+* registers the connector names ``StallguardConnector`` (any inner connector),
+  ``StallguardNixlConnector`` and ``StallguardNixlPushConnector`` with vLLM's
+  ``KVConnectorFactory`` (lazily: nothing of vLLM's connector code is imported
+  here), so ``--kv-transfer-config`` can name them without
+  ``kv_connector_module_path``.
 
 It changes nothing else: the deadlines only apply to an engine whose KV-transfer config
 selects a stallguard connector. Idempotent.
@@ -31,6 +32,7 @@ log = logging.getLogger("stallguard.vllm")
 
 #: connector name -> class name in ``stallguard_vllm.connector``.
 CONNECTORS = {
+    "StallguardConnector": "StallguardConnector",
     "StallguardNixlConnector": "StallguardNixlConnector",
     "StallguardNixlPushConnector": "StallguardNixlPushConnector",
 }

@@ -1,0 +1,200 @@
+"""stallguard's Prometheus counters for a wrapped connector (``StallguardConnector`` and
+the NIXL connectors built on it): the inner connector's own stats and metrics, plus
+stallguard's, shipped the vLLM way (see ``_metrics.py`` for the path and the names).
+
+The stats' ``data`` holds stallguard's keys (``stallguard_forced``,
+``stallguard_reported``, ``stallguard_quarantine``) at the top, the inner connector's
+``data`` under ``stallguard_inner`` and the inner connector class (``module:QualName``,
+to rebuild its stats in the API server) under ``stallguard_inner_class``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter as _Counter
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+
+from ._metrics import (
+    _KEYS,
+    _QUARANTINE,
+    FORCED_FAILURES,
+    QUARANTINE_OVERDUE,
+    QUARANTINED_BLOCKS,
+    QUARANTINED_BYTES,
+    STALLS_REPORTED,
+)
+
+__all__ = ["INNER_CLASS", "INNER_DATA", "StallguardPromMetrics", "StallguardStats"]
+
+#: data keys: the inner connector's stats data, and its connector class
+INNER_DATA = "stallguard_inner"
+INNER_CLASS = "stallguard_inner_class"
+
+
+def _class(path: str) -> Any:
+    module, _, name = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _inner_stats(data: dict[str, Any]) -> KVConnectorStats | None:
+    inner = data.get(INNER_DATA)
+    path = data.get(INNER_CLASS)
+    if inner is None or not path:
+        return None
+    if isinstance(inner, KVConnectorStats):
+        return inner
+    stats: KVConnectorStats | None = _class(str(path)).build_kv_connector_stats(data=inner)
+    return stats
+
+
+class StallguardStats(KVConnectorStats):
+    """The inner connector's stats plus stallguard's (one phase name per expiry)."""
+
+    def reset(self) -> None:
+        for key in _KEYS.values():
+            self.data[key] = []
+        self.data.pop(_QUARANTINE, None)
+        inner = _inner_stats(self.data)
+        if inner is not None:
+            inner.reset()
+            self.data[INNER_DATA] = inner.data
+
+    def is_empty(self) -> bool:
+        if any(self.data.get(k) for k in _KEYS.values()) or self.data.get(_QUARANTINE):
+            return False
+        inner = _inner_stats(self.data)
+        return inner is None or inner.is_empty()
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        if other.is_empty():
+            return self
+        data = other.data
+        for key in (*_KEYS.values(), _QUARANTINE):
+            if data.get(key):
+                self.data.setdefault(key, []).extend(data[key])
+        theirs = _inner_stats(data) if isinstance(other, StallguardStats) else other
+        if theirs is not None and not theirs.is_empty():
+            mine = _inner_stats(self.data)
+            if mine is None:
+                self.data[INNER_DATA] = dict(theirs.data)
+                self.data[INNER_CLASS] = data.get(INNER_CLASS)
+            else:
+                self.data[INNER_DATA] = mine.aggregate(theirs).data
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        inner = _inner_stats(self.data)
+        out: dict[str, int | float] = dict(inner.reduce()) if inner is not None else {}
+        out["stallguard forced failures"] = len(self.data.get("stallguard_forced", ()))
+        out["stallguard stalls reported"] = len(self.data.get("stallguard_reported", ()))
+        snapshots = self.data.get(_QUARANTINE) or ()
+        if snapshots:
+            out["stallguard quarantined blocks"] = sum(int(r[2]) for r in snapshots[-1])
+        return out
+
+
+def stats_with_counts(
+    stats: KVConnectorStats | None,
+    counts: _Counter[tuple[str, str]] | None,
+    quarantine: list[list[Any]] | None = None,
+    *,
+    inner_cls: type,
+) -> KVConnectorStats | None:
+    """The inner connector's *stats* (possibly None) as :class:`StallguardStats`, with
+    *counts* (``(kind, phase) -> n``; kinds other than forced/reported are not
+    exported) and the *quarantine* snapshot; None when there is nothing to report."""
+    exported = {k: n for k, n in (counts or {}).items() if k[0] in _KEYS}
+    if not exported and quarantine is None and stats is None:
+        return None
+    if isinstance(stats, StallguardStats):
+        out = stats
+    else:
+        out = StallguardStats()
+        if stats is not None:
+            out.data[INNER_DATA] = stats.data
+            out.data[INNER_CLASS] = f"{inner_cls.__module__}:{inner_cls.__qualname__}"
+    for (kind, phase), n in exported.items():
+        out.data.setdefault(_KEYS[kind], []).extend([phase] * n)
+    if quarantine is not None:
+        out.data.setdefault(_QUARANTINE, []).append(quarantine)
+    return out
+
+
+class StallguardPromMetrics(KVConnectorPromMetrics):
+    """The inner connector's Prometheus metrics (if any) plus stallguard's counters and
+    quarantine gauges (the names of ``_metrics.py``)."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+        *,
+        inner: KVConnectorPromMetrics | None = None,
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.inner = inner
+        names = [*labelnames, "phase"]
+        self._sg_counters = {
+            "stallguard_forced": self._counter_cls(
+                name=FORCED_FAILURES,
+                documentation="Disaggregated requests stallguard failed for overstaying "
+                "a per-phase deadline (through vLLM's failed-receive path).",
+                labelnames=names,
+            ),
+            "stallguard_reported": self._counter_cls(
+                name=STALLS_REPORTED,
+                documentation="Disaggregated requests stallguard found overdue and only "
+                "reported (report mode, or the Queued phase).",
+                labelnames=names,
+            ),
+        }
+        peer_names = [*labelnames, "peer"]
+        self._sg_gauges = [
+            self._gauge_cls(
+                name=name, documentation=doc, labelnames=peer_names, multiprocess_mode="mostrecent"
+            )
+            for name, doc in (
+                (
+                    QUARANTINED_BLOCKS,
+                    "KV blocks of failed requests stallguard holds until the connector "
+                    "reports every transfer into them over, by prefill engine id.",
+                ),
+                (QUARANTINED_BYTES, "Bytes of those blocks, by prefill engine id."),
+                (
+                    QUARANTINE_OVERDUE,
+                    "Quarantined requests past the Quarantined deadline (their peer has "
+                    "not ended its transfers: see docs/vllm.md for what to do).",
+                ),
+            )
+        ]
+        self._sg_peers: dict[int, set[str]] = {}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        inner = transfer_stats_data.get(INNER_DATA)
+        if self.inner is not None and inner:
+            self.inner.observe(inner, engine_idx)
+        labels = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
+        for key, counter in self._sg_counters.items():
+            for phase in transfer_stats_data.get(key, ()):
+                counter.labels(*labels, str(phase)).inc()
+        snapshots = transfer_stats_data.get(_QUARANTINE)
+        if snapshots:
+            now: dict[str, tuple[int, int, int]] = {
+                str(r[0]): (int(r[2]), int(r[3]), int(r[4])) for r in snapshots[-1]
+            }
+            for peer in self._sg_peers.get(engine_idx, set()) - set(now):
+                now[peer] = (0, 0, 0)
+            for peer, values in now.items():
+                for gauge, value in zip(self._sg_gauges, values, strict=True):
+                    gauge.labels(*labels, peer).set(value)
+            self._sg_peers[engine_idx] = {p for p, v in now.items() if any(v)}
