@@ -76,13 +76,22 @@ class DecodeNode:
                 time.sleep(0.05)
 
     def close(self) -> None:
-        """Release the manager's transport resources. Mooncake's transfer engine is one
-        per process (SGLang's ``init_mooncake_transfer_engine``) and keeps every buffer
-        a manager registered: a later node whose buffers land at the same addresses is
-        refused ("does not support overlapped memory region") and receives nothing.
-        NIXL gives each manager an agent of its own, released with it."""
-        if self.engine == "mooncake":
-            self.mgr.teardown()  # deregisters the buffers, stops the manager's threads
+        """Retire the node. Mooncake's transfer engine is one per process (SGLang's
+        ``init_mooncake_transfer_engine``) and keeps every buffer a manager registered: a
+        later node whose buffers land at the same addresses is refused ("does not support
+        overlapped memory region") and receives nothing. So a retired Mooncake node's
+        buffers are deregistered, and the node is kept alive for the rest of the process
+        (its memory is never handed to another node). ``MooncakeKVManager.teardown()`` is
+        not used: it closes ZMQ sockets that the manager's receiving thread may still be
+        reading, which aborts the process inside libzmq (``_term_acks > 0``). NIXL gives
+        each manager an agent of its own, released with it."""
+        if self.engine == "mooncake" and self not in _RETIRED:
+            self.mgr.deregister_buffer_to_engine()
+            _RETIRED.append(self)
+
+
+#: retired decode nodes, kept so their registered memory is never reused (see close)
+_RETIRED: list[DecodeNode] = []
 
 
 class HostPools:

@@ -1,7 +1,7 @@
 """(Order no longer matters: SGLang's Mooncake transfer engine is one per process and kept
 the buffers of a finished module's decode node registered, so a later node whose buffers
-landed at the same addresses was refused and received nothing. Nodes are now torn down
-after their module, ``DecodeNode.close``; both orders pass.)
+landed at the same addresses was refused and received nothing. Nodes are now retired
+after their module, ``DecodeNode.close``: buffers deregistered, memory kept; both orders pass.)
 
 Issue 19, SGLang decode: a forced failure never hands memory to another request while
 a transfer may still write it. On the REAL SGLang 0.5.23 decode queues and a real
