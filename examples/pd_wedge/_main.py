@@ -166,7 +166,8 @@ def main(argv=None) -> int:
         + (f"\n{advice_text}\n" if advice_text else "")
         + (f"\n{thaw_text}\n" if thaw_text else "")
     )
-    png = _report.plot(results, profile, out / "pd_wedge.png")
+    # (no picture when only the thaw ran: it has no queue lengths over time)
+    png = _report.plot(results, profile, out / "pd_wedge.png") if results else "-"
     print(f"\npicture: {png}\nresults: {out / 'results.json'} ({elapsed:.0f}s)")
     bad = [r for r in results if not r.ok()]
     for r in bad:

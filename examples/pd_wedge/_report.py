@@ -59,7 +59,7 @@ def rows(results: list[RunResult]) -> list[list[str]]:
 def text_table(results: list[RunResult]) -> str:
     header = [title for _, title in COLUMNS]
     body = rows(results)
-    widths = [max(len(header[i]), *(len(row[i]) for row in body)) for i in range(len(header))]
+    widths = [max([len(header[i]), *(len(row[i]) for row in body)]) for i in range(len(header))]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
     sep = "  ".join("-" * w for w in widths)
     lines = [line, sep]

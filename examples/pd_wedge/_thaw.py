@@ -196,8 +196,29 @@ def run_decode(conn: Connection, spec: dict) -> None:
             buf[:] = 0
         r.clear()
         r.update(rid=rid, room=room, pid=prefill_pid, warm=warm, state="admitting")
+        r["released_before"] = released_so_far()
         r["t_added"] = time.monotonic()
         side.add(rid, room, port).req.origin_input_ids = list(range(PAGES))
+
+    def first_bytes() -> bool:
+        return any(buf[x, 0] or buf[x, -1] for buf, x in r["probes"])
+
+    def freeze() -> None:
+        """SIGSTOP the prefill now (the victim's first bytes have landed)."""
+        _stop(r["pid"])
+        r["t_frozen"] = time.monotonic()
+        r["landed"] = room_bytes(r["room"], r["pages"])
+        if r["landed"] >= WRITE_BYTES or r["rid"] in side.done:
+            r["missed"] = True  # the WRITE finished before the freeze took hold
+            os.kill(r["pid"], signal.SIGCONT)
+            r["t_thaw"] = time.monotonic()
+            r["state"] = "thawed"
+        else:
+            r["state"] = "frozen"
+
+    def released_so_far() -> dict:
+        q = quarantine()
+        return dict(q.snapshot().released) if q is not None else {}
 
     def settle() -> None:
         r["state"] = "settling"
@@ -233,17 +254,8 @@ def run_decode(conn: Connection, spec: dict) -> None:
                 r["warm_failed"] = aborted[rid][:200]
                 settle()
         elif state == "watching":
-            if any(buf[x, 0] or buf[x, -1] for buf, x in r["probes"]) or rid in side.done:
-                _stop(r["pid"])
-                r["t_frozen"] = time.monotonic()
-                r["landed"] = room_bytes(r["room"], r["pages"])
-                if r["landed"] >= WRITE_BYTES or rid in side.done:
-                    r["missed"] = True  # the WRITE finished before the freeze took hold
-                    os.kill(r["pid"], signal.SIGCONT)
-                    r["t_thaw"] = time.monotonic()
-                    r["state"] = "thawed"
-                else:
-                    r["state"] = "frozen"
+            if rid in side.done or first_bytes():
+                freeze()
             elif now > r["t_metadata"] + 60:
                 raise RuntimeError("no byte of the victim's WRITE landed within 60 s")
         elif state == "frozen":
@@ -290,8 +302,13 @@ def run_decode(conn: Connection, spec: dict) -> None:
                     room_bytes(r["room"], r["pages"]) if r["owner_slot"] != r["slot"] else 0
                 )
                 side.host.free_slot(r["owner_slot"])
-            q = quarantine()
-            r["released"] = dict(q.snapshot().released) if q is not None else {}
+            # the holds this round's victim left by (earlier rounds' subtracted)
+            before = r["released_before"]
+            r["released"] = {
+                k: n - before.get(k, 0)
+                for k, n in released_so_far().items()
+                if n - before.get(k, 0)
+            }
             r["deferred_left"] = len(side.transfer._deferred_releases)
             r["holds_left"] = held()
             r["leaked_pages"] = (slots - len(side.host.free)) * side.host.slot_pages
@@ -316,23 +333,26 @@ def run_decode(conn: Connection, spec: dict) -> None:
     while running:
         if not _rpc.drain(conn, handlers):
             break
+        if r["state"] == "watching" and first_bytes():
+            try:  # at once, before the next pass: the WRITE goes on meanwhile
+                freeze()
+            except Exception as exc:
+                os.kill(r["pid"], signal.SIGCONT)
+                r["state"], r["error"] = "error", f"{type(exc).__name__}: {exc}"
         if time.monotonic() >= next_t:
             side.step()
             try:
                 advance()
             except Exception as exc:
-                if r.get("pid") and r.get("state") == "frozen":
-                    os.kill(r["pid"], signal.SIGCONT)
+                if r.get("pid"):
+                    os.kill(r["pid"], signal.SIGCONT)  # never leave the prefill stopped
                 r["state"], r["error"] = "error", f"{type(exc).__name__}: {exc}"
             next_t += tick
             if next_t < time.monotonic():
                 next_t = time.monotonic() + tick
         # watching for the first bytes: look every millisecond between the passes
         if r["state"] == "watching":
-            if any(buf[x, 0] or buf[x, -1] for buf, x in r["probes"]):
-                next_t = time.monotonic()
-            else:
-                time.sleep(0.001)
+            time.sleep(0.001)
         else:
             time.sleep(max(0.0, min(0.005, next_t - time.monotonic())))
 
