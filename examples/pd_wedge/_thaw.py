@@ -251,7 +251,7 @@ def run_decode(conn: Connection, spec: dict) -> None:
             elif rid in aborted:
                 # (a first room on a new pair pays for the connection set-up: on a busy
                 # machine it can overrun the deadline; the driver sends another)
-                r["warm_failed"] = aborted[rid][:200]
+                r["warm_failed"] = aborted[rid][:500]
                 settle()
         elif state == "watching":
             if rid in side.done or first_bytes():
@@ -539,7 +539,7 @@ class ThawRig:
             return
         res.landed_before_freeze = st["landed"]
         res.failed_after_s = round(st["t_failed"] - st["t_frozen"], 3)
-        res.reason = st["reason"][:200]
+        res.reason = st["reason"][:500]
         res.freed_before_thaw = st["freed_before_thaw"]
         if "t_freed" in st:
             res.freed_after_failure_s = round(st["t_freed"] - st["t_failed"], 3)
