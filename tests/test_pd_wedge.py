@@ -19,6 +19,13 @@ in a subprocess, and asserts on the outcome table it wrote (results.json):
   only at 300 s (after ``send_metadata``); with it (the decode server launched with
   STALLGUARD_SGLANG_CONFIG) nothing is pinned or left, no healthy request fails, and
   every forced failure came from the first queue call after its deadline;
+* the thaw (``prefill-freeze-write``): a prefill frozen mid-WRITE (32 MiB), the decode
+  request failed, its pages' next owner written with its own pattern, the prefill
+  resumed; without stallguard SGLang's deferred release has freed the pages "anyway" and
+  the late WRITE overwrites the new owner's bytes (the control: the WRITE really was in
+  flight and landed); with stallguard the pages stay quarantined, the new owner gets
+  other pages and keeps every byte, the late WRITE lands in the quarantined pages, which
+  the prefill's drain ACK frees after the thaw, and no page leaks;
 * the advice section: a report-mode prefill fails nothing while the demo's deadlines
   would have fired, ``python -m stallguard_sglang advise`` on its exported metrics prints
   a table and a TOML block, and a prefill enforcing the suggestions (merged over the
@@ -83,7 +90,7 @@ def demo(tmp_path_factory):
                     "--engines",
                     "nixl,mooncake",
                     "--scenarios",
-                    "freeze,aborts,prefill-freeze,prefill-freeze-sent",
+                    "freeze,aborts,prefill-freeze,prefill-freeze-sent,prefill-freeze-write",
                     "--out",
                     str(out),
                 ],
@@ -245,3 +252,53 @@ def test_advice_section_shadow_advise_enforce(demo, engine):
     assert advised["late_releases"] == 0 and not advised["problems"]
     assert advised["failed_stallguard"] > 0
     assert advised["deadlines"]["WaitingForInput"] == suggested
+
+
+def thaw(demo, engine: str, arm: str) -> dict:
+    rounds = json.loads((demo[1] / "results.json").read_text())["thaw"]
+    found = [t for t in rounds if (t["engine"], t["arm"]) == (engine, arm)]
+    assert len(found) == 1, rounds
+    return found[0]
+
+
+@pytest.mark.parametrize("engine", ["nixl", "mooncake"])
+def test_thaw_without_quarantine_the_late_write_overwrites_the_next_owner(demo, engine):
+    t = thaw(demo, engine, "without")
+    assert not t["problems"], t["problems"]
+    assert t["warm_verified"] == t["write_bytes"]  # a healthy room arrives intact
+    # frozen mid-WRITE: some bytes landed, not all
+    assert 0 < t["landed_before_freeze"] < t["write_bytes"], t
+    assert "timed out" in t["reason"]  # SGLang's own waiting timeout failed it
+    # SGLang's deferred release gave up and the pages went to the next request
+    assert t["freed_before_thaw"] and t["owner_same_pages"], t
+    assert t["changed_before_thaw"] == 0
+    # the control: after SIGCONT the rest of the victim's WRITE lands in the new owner
+    assert t["overwritten"] > 0, t
+    assert t["late_in_owner"] == t["overwritten"]
+    assert t["landed_before_freeze"] + t["overwritten"] == t["write_bytes"], t
+    assert t["leaked_pages"] == 0 and t["deferred_left"] == 0
+    assert t["ok"]
+
+
+@pytest.mark.parametrize("engine", ["nixl", "mooncake"])
+def test_thaw_with_quarantine_changes_no_byte_and_frees_after_the_resume(demo, engine):
+    t = thaw(demo, engine, "with")
+    assert not t["problems"], t["problems"]
+    assert t["warm_verified"] == t["write_bytes"]
+    assert 0 < t["landed_before_freeze"] < t["write_bytes"], t
+    assert "stallguard" in t["reason"]  # failed by its transfer WaitingForInput deadline
+    # held past SGLang's deferred-release timeout: the new owner got other pages
+    assert not t["freed_before_thaw"] and not t["owner_same_pages"], t
+    assert t["quarantined_pages"] == 8
+    assert t["changed_before_thaw"] == 0
+    assert t["overwritten"] == 0, t
+    # the late WRITE landed in the quarantined pages (all of the victim's KV is there)
+    assert t["late_in_quarantine"] == t["write_bytes"], t
+    # freed by the prefill's drain ACK, after the thaw; nothing left behind
+    assert t["freed_after_thaw_ms"] is not None and t["freed_after_thaw_ms"] >= 0, t
+    assert t["held_ms"] > t["freed_after_thaw_ms"]
+    assert t["released"] == {"transfer_done": 1}
+    left = (t["leaked_pages"], t["deferred_left"], t["holds_left"], t["metadata_leaked"])
+    assert left == (0, 0, 0, 0), t
+    assert t["ok"]
+    assert f"[{engine}] thaw (with):" in demo[0].stdout

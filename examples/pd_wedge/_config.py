@@ -33,7 +33,12 @@ DECODE_SCENARIOS = {
     "which stays up; SIGCONT at the end of the fault window)",
     "prefill-freeze-sent": "prefill frozen after send_metadata (SIGSTOP once decode "
     "metadata has arrived for a room of each decode server, before their KV is sent)",
+    "prefill-freeze-write": "the thaw: prefill frozen mid-WRITE (a 32 MiB room; SIGSTOP "
+    "the moment its first bytes land on decode), the decode request failed, its pages' "
+    "next owner written, SIGCONT: the new owner's bytes compared exactly (_thaw.py)",
 }
+#: the decode-side scenarios run by _thaw.py (processes of their own), not by DecodeRun
+THAW_SCENARIOS = ("prefill-freeze-write",)
 ALL_SCENARIOS = (*SCENARIOS, *DECODE_SCENARIOS)
 
 #: Decode phases per queue, keyed for ``[decode.prealloc]`` / ``[decode.transfer]``.

@@ -22,8 +22,8 @@ import signal
 import time
 from pathlib import Path
 
-from . import _calibrate, _procs
-from ._config import Profile, write_stallguard_config
+from . import _calibrate, _procs, _thaw
+from ._config import THAW_SCENARIOS, Profile, write_stallguard_config
 from ._driver import (
     ARMS,
     EPS,
@@ -402,9 +402,15 @@ def run_all(
     out: Path,
     seed: int = 0,
     log=print,
+    thaw: list | None = None,
 ) -> list[RunResult]:
-    """Run every decode-side scenario (both arms at once) for each engine."""
+    """Run every decode-side scenario (both arms at once) for each engine; the thaw
+    (``prefill-freeze-write``, ``_thaw.py``: its own processes, the arms one after the
+    other) after the others, with the rig's derived deadlines; its results are appended
+    to *thaw*."""
     results: list[RunResult] = []
+    thaw_wanted = [s for s in scenarios if s in THAW_SCENARIOS]
+    scenarios = [s for s in scenarios if s not in THAW_SCENARIOS]
     for engine in engines:
         t = time.monotonic()
         rig = DecodeRig(engine, profile, out, log=log)
@@ -422,4 +428,8 @@ def run_all(
                     log(progress_line(result, time.monotonic() - t))
         finally:
             rig.stop()
+        if thaw_wanted:
+            got = _thaw.run(engine, rig.profile, out, log=log)
+            if thaw is not None:
+                thaw += got
     return results

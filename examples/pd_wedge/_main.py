@@ -14,7 +14,10 @@ EPILOG = """\
 exit status: 0 if, in every "with stallguard" run, nothing was left pinned, no healthy
 request failed (each that did is a false positive, listed with its timing) and every
 forced failure was released by the first scheduler loop pass after its deadline (so at
-most one loop interval late); 1 otherwise; 2 if the demo could not run. The deadlines are
+most one loop interval late), and in the thaw (prefill-freeze-write) the resumed
+prefill's late WRITE changed 0 bytes of the new owner with stallguard (and some without:
+the control), the quarantined pages were freed after the thaw and none leaked; 1
+otherwise; 2 if the demo could not run. The deadlines are
 the profile's, scaled per rig by what a warm-up measurement of healthy requests took.
 """
 
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
         log = lambda msg: print(msg, flush=True)  # noqa: E731
         prefill_side = [s for s in args.scenarios if s in _config.SCENARIOS]
         decode_side = [s for s in args.scenarios if s in _config.DECODE_SCENARIOS]
-        results, advice = [], {}
+        results, advice, thaw = [], {}, []
         if prefill_side or args.advice:
             results, advice = _driver.run_all(
                 args.engines,
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
             )
         if decode_side:
             results += _ddriver.run_all(
-                args.engines, decode_side, profile, out, seed=args.seed, log=log
+                args.engines, decode_side, profile, out, seed=args.seed, log=log, thaw=thaw
             )
     except (_driver.HarnessError, _driver.WorkerError) as exc:
         print(f"pd_wedge: the demo could not run: {exc}")
@@ -146,7 +149,11 @@ def main(argv=None) -> int:
     if advice_text:
         print()
         print(advice_text)
-    _report.save_json(results, profile, out / "results.json")
+    thaw_text = _report.thaw_section(thaw)
+    if thaw_text:
+        print()
+        print(thaw_text)
+    _report.save_json(results, profile, out / "results.json", thaw=thaw)
     (out / "results.md").write_text(
         _report.markdown_table(results)
         + "\n\n"
@@ -157,8 +164,10 @@ def main(argv=None) -> int:
         + fp_text
         + "\n"
         + (f"\n{advice_text}\n" if advice_text else "")
+        + (f"\n{thaw_text}\n" if thaw_text else "")
     )
-    png = _report.plot(results, profile, out / "pd_wedge.png")
+    # (no picture when only the thaw ran: it has no queue lengths over time)
+    png = _report.plot(results, profile, out / "pd_wedge.png") if results else "-"
     print(f"\npicture: {png}\nresults: {out / 'results.json'} ({elapsed:.0f}s)")
     bad = [r for r in results if not r.ok()]
     for r in bad:
@@ -169,4 +178,17 @@ def main(argv=None) -> int:
             f"late_releases={r.late_releases} "
             f"problems={r.problems[:3]}"
         )
-    return 1 if bad else 0
+    for t in thaw:
+        if not t.ok():
+            print(
+                f"FAIL {t.engine} thaw ({t.arm} stallguard): "
+                + (
+                    f"the late WRITE did not land in the new owner's pages (the control "
+                    f"shows no fault): {t.overwritten} B, problems={t.problems[:3]}"
+                    if t.arm == "without"
+                    else f"{t.overwritten} of the new owner's bytes overwritten, "
+                    f"freed after thaw: {t.freed_after_thaw_ms} ms, leaked pages "
+                    f"{t.leaked_pages}, problems={t.problems[:3]}"
+                )
+            )
+    return 1 if bad or not all(t.ok() for t in thaw) else 0

@@ -77,6 +77,14 @@ def worker_main(role: str, conn, spec: dict) -> None:
             from . import _ppeer
 
             _ppeer.run(conn, spec)
+        elif role == "tprefill":
+            from . import _thaw
+
+            _thaw.run_prefill(conn, spec)
+        elif role == "tdecode":
+            from . import _thaw
+
+            _thaw.run_decode(conn, spec)
         elif role == "dserver":
             from . import _dserver
 

@@ -59,7 +59,7 @@ def rows(results: list[RunResult]) -> list[list[str]]:
 def text_table(results: list[RunResult]) -> str:
     header = [title for _, title in COLUMNS]
     body = rows(results)
-    widths = [max(len(header[i]), *(len(row[i]) for row in body)) for i in range(len(header))]
+    widths = [max([len(header[i]), *(len(row[i]) for row in body)]) for i in range(len(header))]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
     sep = "  ".join("-" * w for w in widths)
     lines = [line, sep]
@@ -164,10 +164,13 @@ def markdown_table(results: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
-def save_json(results: list[RunResult], profile: Profile, path: Path) -> None:
+def save_json(
+    results: list[RunResult], profile: Profile, path: Path, thaw: list | None = None
+) -> None:
     """Every run; ``profile`` is the one the demo was started with, ``calibrations`` what
     each rig measured at warm-up and the deadlines it derived (each run carries its own
-    rig's as ``calibration``)."""
+    rig's as ``calibration``); ``thaw`` the thaw's rounds (``_thaw.ThawResult``, with
+    their ``ok``)."""
     calibrations: dict[str, dict] = {}
     for r in results:
         if r.calibration:
@@ -176,6 +179,7 @@ def save_json(results: list[RunResult], profile: Profile, path: Path) -> None:
         "profile": profile.as_dict(),
         "calibrations": calibrations,
         "runs": [asdict(r) for r in results],
+        "thaw": [{**asdict(t), "ok": t.ok()} for t in thaw or ()],
     }
     path.write_text(json.dumps(data, indent=1, default=str))
 
@@ -275,3 +279,59 @@ def plot(results: list[RunResult], profile: Profile, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def thaw_section(thaw: list) -> str:
+    """The thaw table (``_thaw.py``): per engine and arm, what the resumed prefill's late
+    WRITE did to the next owner of the failed request's pages (markdown)."""
+    if not thaw:
+        return ""
+    from ._thaw import RELEASE_TIMEOUT
+
+    lines = [
+        "## The thaw: a prefill frozen mid-WRITE, then resumed",
+        "",
+        "A 32 MiB room's WRITE frozen (SIGSTOP of the prefill) the moment its first bytes "
+        "landed; the decode request failed; past SGLang's deferred-release timeout "
+        f"({RELEASE_TIMEOUT:g} s here, SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_"
+        "TIMEOUT; 30 s by default) the next request takes memory and writes its own "
+        "pattern; SIGCONT; its bytes compared exactly once the prefill's WRITE settled.",
+        "",
+        "| engine | stallguard | landed before the freeze | failed after the freeze "
+        "| failed request's pages | new owner's bytes overwritten after SIGCONT "
+        "| late bytes in the quarantined pages | pages leaked |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in thaw:
+        if r.problems:
+            lines.append(
+                f"| {r.engine} | {ARM_NAMES.get(r.arm, r.arm)} | PROBLEM: "
+                f"{'; '.join(r.problems)[:300]} | | | | | |"
+            )
+            continue
+        if r.held_ms is not None:
+            pages = (
+                f"quarantined ({r.quarantined_pages}), held {r.held_ms:.0f} ms, freed "
+                f"{r.freed_after_thaw_ms:.0f} ms after SIGCONT (drain ACK)"
+            )
+        elif r.freed_before_thaw:
+            pages = (
+                f"freed {r.freed_after_failure_s:g} s after the failure "
+                '("releasing anyway"), given to the new owner'
+            )
+        else:
+            pages = "held, never freed"
+        late = f"{r.late_in_quarantine:,}" if r.arm == "with" else "-"
+        lines.append(
+            f"| {r.engine} | {ARM_NAMES.get(r.arm, r.arm)} | {r.landed_before_freeze:,} of "
+            f"{r.write_bytes:,} | {r.failed_after_s:g} s | {pages} | **{r.overwritten:,}** of "
+            f"{r.owner_bytes:,} | {late} | {r.leaked_pages} |"
+        )
+    warm = [f"{r.engine}/{r.arm}: {len(r.warm_failed)}" for r in thaw if r.warm_failed]
+    if warm:
+        lines += [
+            "",
+            "Warm-up rooms failed by their deadline before a round (a first room on a new "
+            "connection pays for its set-up) and sent again: " + ", ".join(warm),
+        ]
+    return "\n".join(lines)
