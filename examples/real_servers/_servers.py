@@ -190,13 +190,23 @@ def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) ->
 
 @dataclass
 class ServerSet:
-    """Prefill + decode + router for one arm ("without" or "with" stallguard)."""
+    """Prefill + decode + router for one arm ("without" or "with" stallguard).
+
+    With *decode_from*, the set starts no decode of its own: its router sends the decode
+    half of each request to *decode_from*'s decode (one decode serving two prefills, as
+    a decode serves any prefill the router pairs it with). Both arms of a run then share
+    one decode, and one SIGSTOP of it is the fault of both; the arms differ only in their
+    prefill's environment. *decode_stallguard* False starts the decode without
+    ``STALLGUARD_SGLANG_CONFIG`` (the shared decode: the control must not run it).
+    """
 
     arm: str
     logs: Path
     stallguard_config: Path | None
     max_total_tokens: int = 8192
     chunked_prefill_size: int = 512
+    decode_from: ServerSet | None = None
+    decode_stallguard: bool = True
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -207,6 +217,8 @@ class ServerSet:
             p = free_ports(5)
             names = ("prefill", "bootstrap", "decode", "router", "router_metrics")
             self.ports = dict(zip(names, p, strict=True))
+        if self.decode_from is not None:
+            self.ports["decode"] = self.decode_from.ports["decode"]
 
     def url(self, name: str) -> str:
         return f"http://{HOST}:{self.ports[name]}"
@@ -236,15 +248,26 @@ class ServerSet:
         ]  # fmt: skip
 
     def start_servers(self) -> None:
-        env = server_env(self.stallguard_config)
         self.started_at = time.monotonic()
         for mode in ("prefill", "decode"):
-            self.procs[mode] = spawn(
-                f"{self.arm}-{mode}",
-                self.server_argv(mode),
-                env,
-                self.logs / f"{self.arm}-{mode}.log",
+            if mode == "decode" and self.decode_from is not None:
+                self.procs["decode"] = self.decode_from.procs["decode"]
+                continue
+            config = self.stallguard_config
+            if mode == "decode" and not self.decode_stallguard:
+                config = None
+            name = (
+                "decode"
+                if mode == "decode" and not self.decode_stallguard
+                else f"{self.arm}-{mode}"
             )
+            self.procs[mode] = spawn(
+                name, self.server_argv(mode), server_env(config), self.logs / f"{name}.log"
+            )
+
+    def owns(self, mode: str) -> bool:
+        """Whether this set started the *mode* server (False for a borrowed decode)."""
+        return not (mode == "decode" and self.decode_from is not None)
 
     def start_router(self) -> None:
         env = server_env(None)
@@ -257,6 +280,10 @@ class ServerSet:
         first answered 200. Raises if a server process died."""
         for mode in ("prefill", "decode"):
             if mode in self.healthy_after:
+                continue
+            if not self.owns(mode) and self.decode_from is not None:
+                if mode in self.decode_from.healthy_after:
+                    self.healthy_after[mode] = self.decode_from.healthy_after[mode]
                 continue
             proc = self.procs[mode]
             if not proc.alive():
@@ -279,8 +306,9 @@ class ServerSet:
         return text if status == 200 else ""
 
     def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            proc.stop()
+        for mode, proc in reversed(list(self.procs.items())):
+            if self.owns(mode):
+                proc.stop()
 
     def __iter__(self) -> Iterator[Proc]:
         return iter(self.procs.values())
