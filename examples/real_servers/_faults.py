@@ -19,6 +19,12 @@ queues, the failure counters, stallguard's counter), and the clients' outcomes r
 ``prefill_frozen_after_metadata``
     a 2048-token request; the prefill SIGSTOPped when it starts computing it (the decode
     has sent its KV indices, no KV has come back); the decode's transfer queue holds it.
+``prefill_scheduler_frozen``
+    only the prefill's scheduler process SIGSTOPped (its HTTP server and bootstrap server,
+    in the launcher process, keep answering: a scheduler hung in a device call), then a
+    512-token request sent: the decode registers, sends its KV indices and waits for KV
+    that never comes. SGLang's decode heartbeats the prefill's bootstrap server, which
+    answers, so nothing native notices.
 ``abort_storm``
     four 1024-token requests whose clients disconnect after 3 s (the router aborts
     their upstream requests): every queue must drain, and stallguard must count nothing.
@@ -35,6 +41,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -44,8 +52,10 @@ from typing import Any
 
 from ._servers import PYTHON, ROOT, ServerSet, http, parse_metrics, server_env, spawn, wait_healthy
 
-#: the "with" arm's configuration: demo deadlines on both servers (longer than a healthy
-#: 512-token prompt's prefill on 2 busy cores, ~3-15 s)
+#: the "with" arm's configuration. The prefill's deadlines start when the request enters
+#: the inflight queue, after its forward passes: 20 s. The decode's start at its
+#: pre-allocation and include the prefill's compute of the first chunk (up to ~30 s a
+#: 512-token chunk at load 60-90 on 2 cores; 20 s failed a healthy request there): 60 s.
 CONFIG = """\
 # stallguard-sglang for the real-server fault matrix (examples/real_servers faults)
 [prefill]
@@ -60,13 +70,13 @@ Transferring = {deadline}
 mode = "enforce"
 
 [decode.prealloc]
-Bootstrapping = {deadline}
-WaitingForPrefill = {deadline}
-WaitingForInput = {deadline}
+Bootstrapping = {decode_deadline}
+WaitingForPrefill = {decode_deadline}
+WaitingForInput = {decode_deadline}
 
 [decode.transfer]
-WaitingForInput = {deadline}
-Transferring = 90
+WaitingForInput = {decode_deadline}
+Transferring = 180
 """
 
 #: what is scraped: (server, key) -> metric name (summed over label sets)
@@ -83,6 +93,18 @@ METRICS = {
     ("decode", "bootstrap_failed"): "sglang:num_bootstrap_failed_reqs_total",
 }
 COUNTERS = {"forced", "transfer_failed", "bootstrap_failed"}
+#: how each fault is judged: "gauge" (the queue's gauge on /metrics: >= 1 without at the
+#: observation point, 0 with), "counters" (no usable gauge: the client waiting and no
+#: failure counted without), "native" (SGLang fails it on its own in both arms), "drain"
+#: (every queue back to 0, nothing counted by stallguard), "report" (not judged)
+EXPECT = {
+    "decode_frozen": "gauge",
+    "prefill_frozen_before_registration": "native",
+    "prefill_frozen_after_metadata": "native",
+    "prefill_scheduler_frozen": "counters",
+    "abort_storm": "drain",
+    "decode_killed": "report",
+}
 #: the keys of a scraped row ("prefill.inflight", ...)
 METRICS_KEYS = tuple(f"{srv}.{key}" for srv, key in METRICS)
 
@@ -91,6 +113,7 @@ FAULTS: dict[str, tuple[tuple[str, str], str]] = {
     "decode_frozen": (("prefill", "inflight"), "decode"),
     "prefill_frozen_before_registration": (("decode", "prealloc"), "prefill"),
     "prefill_frozen_after_metadata": (("decode", "transfer"), "prefill"),
+    "prefill_scheduler_frozen": (("decode", "transfer"), "prefill scheduler"),
     "abort_storm": (("prefill", "inflight"), ""),
     "decode_killed": (("prefill", "inflight"), "decode"),
 }
@@ -329,6 +352,47 @@ def prefill_frozen_after_metadata(arm: Arm, window: Window, deadline: float) -> 
     after_fault(arm, t0, [client], rec)
 
 
+def scheduler_pids(arm: Arm, server: str) -> list[int]:
+    """The pids of *server*'s scheduler processes (process title ``sglang::scheduler``,
+    in the server's process group)."""
+    pgid = arm.servers.procs[server].pgid
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            comm = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid and comm.startswith(b"sglang::sched"):
+            pids.append(int(pid))
+    return pids
+
+
+def prefill_scheduler_frozen(arm: Arm, window: Window, deadline: float) -> None:
+    rec = arm.faults.setdefault("prefill_scheduler_frozen", {})
+    pids = scheduler_pids(arm, "prefill")
+    if not pids:
+        raise RuntimeError("no sglang::scheduler process in the prefill's group")
+    rec["frozen_pids"] = pids
+    window.wait()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        client = Client(arm.servers, 512, arm.next_seed(), 900, t0).start()
+        # the decode's queue gauges are refreshed only when it logs a batch (never while
+        # it idles), so the window is not extended from a gauge: deadline + 15 s
+        observe(arm, "prefill_scheduler_frozen", t0, [client], window, 0, deadline + 15, rec)
+        window.wait()
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    rec["thaw_s"] = round(time.monotonic() - t0, 2)
+    after_fault(arm, t0, [client], rec)
+
+
 def abort_storm(arm: Arm, window: Window, deadline: float) -> None:
     rec = arm.faults.setdefault("abort_storm", {})
     window.wait()
@@ -339,12 +403,18 @@ def abort_storm(arm: Arm, window: Window, deadline: float) -> None:
     after_fault(arm, t0, clients, rec)
 
 
-RUNNERS: dict[str, Callable[[Arm, Window, float], None]] = {
-    "decode_frozen": decode_frozen,
-    "prefill_frozen_before_registration": prefill_frozen_before_registration,
-    "prefill_frozen_after_metadata": prefill_frozen_after_metadata,
-    "abort_storm": abort_storm,
-    "decode_killed": lambda arm, w, d: decode_frozen(arm, w, d, killed=True),
+#: fault -> runner(arm, window, prefill deadline, decode deadline)
+RUNNERS: dict[str, Callable[[Arm, Window, float, float], None]] = {
+    "decode_frozen": lambda arm, w, d, dd: decode_frozen(arm, w, d),
+    "prefill_frozen_before_registration": lambda arm, w, d, dd: prefill_frozen_before_registration(
+        arm, w, dd
+    ),
+    "prefill_frozen_after_metadata": lambda arm, w, d, dd: prefill_frozen_after_metadata(
+        arm, w, dd
+    ),
+    "prefill_scheduler_frozen": lambda arm, w, d, dd: prefill_scheduler_frozen(arm, w, dd),
+    "abort_storm": lambda arm, w, d, dd: abort_storm(arm, w, d),
+    "decode_killed": lambda arm, w, d, dd: decode_frozen(arm, w, d, killed=True),
 }
 
 
@@ -352,6 +422,7 @@ def run_matrix(
     out: Path,
     *,
     deadline: float = 20.0,
+    decode_deadline: float = 60.0,
     faults: tuple[str, ...] = tuple(FAULTS),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -361,7 +432,7 @@ def run_matrix(
 
     out.mkdir(parents=True, exist_ok=True)
     config = out / "stallguard-sglang-faults.toml"
-    config.write_text(CONFIG.format(deadline=deadline))
+    config.write_text(CONFIG.format(deadline=deadline, decode_deadline=decode_deadline))
     t_all = time.monotonic()
     arms = [
         Arm("without", ServerSet("without", out / "logs", None)),
@@ -384,7 +455,7 @@ def run_matrix(
 
             def one(a: Arm, fault: str = fault, window: Window = window) -> None:
                 try:
-                    RUNNERS[fault](a, window, deadline)
+                    RUNNERS[fault](a, window, deadline, decode_deadline)
                 except BaseException as e:
                     a.errors.append(f"{fault}: {type(e).__name__}: {e}")
                     window.barrier.abort()
@@ -406,6 +477,7 @@ def run_matrix(
             a.servers.stop()
     results = {
         "deadline_s": deadline,
+        "decode_deadline_s": decode_deadline,
         "total_s": round(time.monotonic() - t_all, 1),
         "faults": list(faults),
         "arms": {
@@ -520,15 +592,42 @@ def verdict(results: dict[str, Any]) -> list[str]:
             if delta(g, "prefill.forced") or delta(g, "decode.forced"):
                 bad.append("abort_storm/with: stallguard counted a failure for aborted requests")
             continue
-        if fault == "decode_killed":
+        expect = EXPECT[fault]
+        if expect == "report":
             continue  # what SGLang does natively is the finding; reported, not judged
-        if not w.get("observation", {}).get(q, 0) >= 1:
-            bad.append(f"{fault}/without: {q} not >= 1 at the observation point (no wedge)")
-        if g.get("observation", {}).get(q) != 0:
-            bad.append(f"{fault}/with: {q} not 0 at the observation point")
+        if expect == "native":
+            # the whole prefill group frozen: SGLang's decode heartbeats the prefill's
+            # bootstrap server and fails the request ("Lost connection with prefill
+            # instance") on its own, in both arms
+            for name, rec in (("without", w), ("with", g)):
+                if not native(rec, "decode") >= 1:
+                    bad.append(f"{fault}/{name}: SGLang's decode did not fail it")
+            continue
+        if expect == "counters":
+            # no decode queue gauge to read (refreshed only when the decode logs a
+            # batch): pinned = the client still waiting, nothing counted on either side
+            if not w.get("observation", {}).get("clients_waiting", 0) >= 1:
+                bad.append(f"{fault}/without: the client was not waiting at the observation point")
+            moved = [k for k in ("prefill", "decode") if native(w, k) or delta(w, f"{k}.forced")]
+            if moved:
+                bad.append(f"{fault}/without: a failure was counted on {moved} (no wedge)")
+        else:
+            if not w.get("observation", {}).get(q, 0) >= 1:
+                bad.append(f"{fault}/without: {q} not >= 1 at the observation point (no wedge)")
+            if g.get("observation", {}).get(q) != 0:
+                bad.append(f"{fault}/with: {q} not 0 at the observation point")
         if not (delta(g, f"{server}.forced") >= 1):
             bad.append(f"{fault}/with: no stallguard failure counted on the {server}")
     return bad
+
+
+def native(rec: dict[str, Any], server: str) -> float:
+    """SGLang's own failure counters' change over the fault on *server* (0 when absent)."""
+    total = 0.0
+    for key in ("transfer_failed", "bootstrap_failed"):
+        d = delta(rec, f"{server}.{key}")
+        total += 0.0 if math.isnan(d) else d
+    return total
 
 
 def picture(results: dict[str, Any], path: Path) -> bool:
@@ -564,6 +663,15 @@ def picture(results: dict[str, Any], path: Path) -> bool:
                 color=colors[name],
                 lw=3.0 if name == "without" else 1.6,
                 label=f"{name} stallguard: {q}",
+            )
+            ax.step(
+                [r["t"] for r in s],
+                [r.get("clients_waiting", math.nan) for r in s],
+                where="post",
+                color=colors[name],
+                lw=0.9,
+                ls="--",
+                label=f"{name}: clients waiting",
             )
             for c in rec.get("clients", []):
                 if c.get("t_end_s") is None:

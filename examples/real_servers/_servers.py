@@ -323,9 +323,9 @@ class ServerDied(RuntimeError):
         self.proc = proc
 
 
-def wait_healthy(sets: list[ServerSet], timeout: float = 420.0, every: float = 3.0) -> None:
+def wait_healthy(sets: list[ServerSet], timeout: float = 900.0, every: float = 3.0) -> None:
     """Poll every set's servers' /health until all answer 200 (starts take ~90-110 s
-    here, more when the sets start together)."""
+    here on quiet cores, 3-7 minutes when the sets start together at load 30-90)."""
     deadline = time.monotonic() + timeout
     while not all(s.healthy for s in sets):
         if time.monotonic() > deadline:
