@@ -108,10 +108,10 @@ def advised_deadline(block: str, state: str) -> float | None:
 def run_advice(
     out: Path,
     *,
-    requests: int = 24,
+    requests: int = 30,
     rate: float = 0.05,
     floor: float = 5.0,
-    min_samples: int = 20,
+    min_samples: int = 10,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="python -m examples.real_servers advice")
     p.add_argument("--out", type=Path, default=Path("real_servers_out"))
-    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--requests", type=int, default=30)
     args = p.parse_args(argv)
     if args.requests < 1:
         p.error(f"--requests: must be at least 1, got {args.requests}")

@@ -350,6 +350,7 @@ def run(
             config if name == "with" else None,
             decode_from=owner,
             decode_stallguard=not shared_decode,
+            decode_name="decode" if shared_decode else None,
         )
         made[name] = Arm(name, servers)
     batches = [list(made.values())] if not sequential else [[a] for a in made.values()]

@@ -207,6 +207,8 @@ class ServerSet:
     chunked_prefill_size: int = 512
     decode_from: ServerSet | None = None
     decode_stallguard: bool = True
+    #: the decode's process/log name (default "<arm>-decode"; "decode" for a shared one)
+    decode_name: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
