@@ -175,9 +175,7 @@ BAD_CONFIGS = {
 
 
 @pytest.mark.parametrize("configure_first", ["no", "yes"])
-def test_the_active_line_reaches_a_log_configured_after_load_plugins(
-    config_path, configure_first
-):
+def test_the_active_line_reaches_a_log_configured_after_load_plugins(config_path, configure_first):
     """launch_server runs load_plugins() before SGLang configures logging: the line is
     kept and logged at the first queue call, once; with logging already configured it
     is logged at once, and not again."""
