@@ -272,6 +272,10 @@ class ServerSet:
         return not (mode == "decode" and self.decode_from is not None)
 
     def start_router(self) -> None:
+        # the router's ports are chosen now, not when the set was made: minutes of
+        # server start-up later, another process may have taken them (a router died
+        # of "Address already in use" for its Prometheus port at load 60-90)
+        self.ports["router"], self.ports["router_metrics"] = free_ports(2)
         env = server_env(None)
         self.procs["router"] = spawn(
             f"{self.arm}-router", self.router_argv(), env, self.logs / f"{self.arm}-router.log"
