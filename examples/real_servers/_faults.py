@@ -226,6 +226,7 @@ def observe(
     deadline: float,
     at_least: float,
     rec: dict[str, Any],
+    wait_entry: bool = False,
 ) -> None:
     """Scrape every second until the window ends: at least *at_least* s after t0, and
     deadline + 15 s after the request was first seen in its queue."""
@@ -233,6 +234,10 @@ def observe(
     window.end(arm.name, t0 + at_least)
     samples: list[dict[str, float]] = rec.setdefault("samples", [])
     while time.monotonic() < window.end(arm.name):
+        if wait_entry and "entry_s" not in rec and time.monotonic() < t0 + 240:
+            # not in its queue yet (the prefill still computing the prompt's chunks,
+            # ~30 s each at load 60-90): the window waits for it, up to 240 s
+            window.end(arm.name, time.monotonic() + 2)
         row = scrape(arm, t0)
         row["clients_waiting"] = float(sum(c.waiting() for c in clients))
         samples.append(row)
@@ -281,7 +286,7 @@ def decode_frozen(arm: Arm, window: Window, deadline: float, killed: bool = Fals
     t0 = time.monotonic()
     client.t0 = t0
     rec["fault_after_send_s"] = round(t0 - t_sent, 2)
-    observe(arm, fault, t0, [client], window, deadline, 30, rec)
+    observe(arm, fault, t0, [client], window, deadline, 30, rec, wait_entry=not killed)
     window.wait()
     if killed:
         rec["restart_s"] = round(time.monotonic() - t0, 2)
