@@ -111,3 +111,22 @@ def test_a_silent_command_gets_a_heartbeat(capsys, monkeypatch):
     dev.run([sys.executable, "-c", "import time; time.sleep(1.6)"])
     out = capsys.readouterr().out
     assert re.search(r"\[dev\]   \.\.\. still running \(\d+s\): python\S* -c import time", out)
+
+
+@pytest.mark.parametrize("opt_out", [False, True])
+def test_the_demo_runs_the_real_servers_last_unless_opted_out(monkeypatch, opt_out):
+    """`demo` runs the harness demo (its arguments passed on, minus --no-real-servers),
+    the vLLM section, then the real-server fault matrix and advice run; the worst exit
+    status wins. Stand-in commands: nothing is run."""
+    calls = []
+    monkeypatch.setattr(dev, "env_command", lambda: 0)
+    monkeypatch.setattr(
+        dev.subprocess, "call", lambda cmd, cwd: calls.append(cmd[2:]) or 3 * (len(calls) == 3)
+    )
+    args = ["--quick", "--no-real-servers"] if opt_out else ["--quick"]
+    rc = dev.demo_command(args)
+    expected = [["examples.pd_wedge", "--quick"], ["examples.vllm_wedge"]]
+    if not opt_out:
+        expected += [["examples.real_servers", "faults"], ["examples.real_servers", "advice"]]
+    assert calls == expected
+    assert rc == (0 if opt_out else 3)

@@ -21,7 +21,8 @@ the scheduler process meets it.
 
 Needs .venv-realsrv (``python3 tools/dev.py env``); skipped, saying so, without it.
 About 6 minutes on 2 quiet cores, 10 under load (each server takes ~90-180 s to start):
-more than the whole suite's budget allows, so it is **opt-in** for now:
+more than the whole suite's budget allows, so it is **opt-in**; the default suite runs
+the same incident on one launch with a shared decode (tests/test_real_servers_shared.py):
 ``STALLGUARD_REAL_SERVERS=1 python3 tools/dev.py test tests/test_real_servers.py``
 (docs/testing.md). Skipped, saying so, otherwise.
 """

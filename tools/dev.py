@@ -3,7 +3,11 @@
 
     python3 tools/dev.py env                 create/update .venv and its overlays, .venv-vllm
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
-    python3 tools/dev.py demo [demo args]    `env`, then the PD wedge demo (examples/pd_wedge)
+    python3 tools/dev.py demo [demo args]    `env`, then the demo: the PD wedge on SGLang's and
+                                             vLLM's engines (examples/pd_wedge, vllm_wedge),
+                                             then faults and report->advise->enforce on real
+                                             SGLang servers (examples/real_servers;
+                                             --no-real-servers skips them)
     python3 tools/dev.py docs                `env`, then build the docs site into docs/_build/html
     python3 tools/dev.py lock [VENV ...]     re-resolve the package lists into tools/lock/
                                              (all venvs, or only those named: .venv-realsrv)
@@ -1085,10 +1089,16 @@ def test_command(args: list[str]) -> int:
 
 def demo_command(args: list[str]) -> int:
     """The project's main job: the PD wedge on real NIXL and Mooncake engines, run
-    without and with stallguard-sglang (examples/pd_wedge; docs/demo.md)."""
+    without and with stallguard-sglang (examples/pd_wedge; docs/demo.md), the vLLM
+    section, then the same incident and four more faults on real SGLang servers behind
+    the real sglang-router, and report -> advise -> enforce on them
+    (examples/real_servers; skipped with ``--no-real-servers``, which is not passed on to
+    examples/pd_wedge)."""
     rc = env_command()
     if rc:
         return rc
+    real_servers = "--no-real-servers" not in args
+    args = [a for a in args if a != "--no-real-servers"]
     cmd = [str(venv_python(VENV)), "-m", "examples.pd_wedge", *args]
     log("demo: " + " ".join(cmd))
     rc = subprocess.call(cmd, cwd=ROOT)
@@ -1096,7 +1106,18 @@ def demo_command(args: list[str]) -> int:
     # .venv-vllm (examples/vllm_wedge.py; docs/demo.md).
     cmd = [str(venv_python(VENV)), "-m", "examples.vllm_wedge"]
     log("demo (vLLM): " + " ".join(cmd))
-    return max(rc, subprocess.call(cmd, cwd=ROOT))
+    rc = max(rc, subprocess.call(cmd, cwd=ROOT))
+    if real_servers:
+        # Real SGLang servers (launch_server prefill + decode, the Rust sglang-router):
+        # the seeds' incident and the other faults, without and with stallguard-sglang,
+        # from the servers' own /metrics (examples/real_servers; docs/demo.md). About
+        # 12-20 minutes on 2 busy cores; then report -> advise -> enforce on them
+        # (about 10 minutes more).
+        for part in ("faults", "advice"):
+            cmd = [str(venv_python(VENV)), "-m", "examples.real_servers", part]
+            log(f"demo (real servers, {part}): " + " ".join(cmd))
+            rc = max(rc, subprocess.call(cmd, cwd=ROOT))
+    return rc
 
 
 def docs_command() -> int:

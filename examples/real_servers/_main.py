@@ -164,60 +164,113 @@ def ready_router(arm: Arm, timeout: float = 120.0) -> None:
     raise TimeoutError(f"{arm.name}: router never answered 200: {tries[-1]}")
 
 
-def prepare(arm: Arm) -> None:
-    """The router answers; two healthy requests; the memory the arm takes."""
-    try:
-        ready_router(arm)
-        arm.requests["healthy_before"] = [generate(arm.servers, 16, 100 + i, 60) for i in range(2)]
-        arm.events["rss_mb"] = round(sum(group_rss_mb(p.pgid) for p in arm.servers), 0)
-    except Exception as e:  # reported by run()
-        arm.errors.append(f"{type(e).__name__}: {e}")
-
-
 def prefill_batch_lines(arm: Arm) -> int:
     return arm.servers.procs["prefill"].log_text().count("Prefill batch")
 
 
-def run_fault(arm: Arm, observe: float, thaw_wait: float, deadline: float) -> None:
+class Sync:
+    """Coordinates the arms that share one decode: one freeze when every arm's prefill
+    reached its chunk, one observation window (the latest arm's end), one thaw. For arms
+    with a decode each, each arm has its own (``parties=1``)."""
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties)
+        self.lock = threading.Lock()
+        self.ends: dict[str, float] = {}
+
+    def wait(self) -> bool:
+        """Wait for the other arms (False: one of them gave up)."""
+        try:
+            self.barrier.wait(timeout=900)
+            return True
+        except threading.BrokenBarrierError:
+            return False
+
+    def give_up(self) -> None:
+        self.barrier.abort()
+
+    def end(self, arm: str, at: float) -> float:
+        """Record *arm*'s wanted end of the window; returns the end of the window."""
+        with self.lock:
+            self.ends[arm] = max(at, self.ends.get(arm, 0.0))
+            return max(self.ends.values())
+
+
+def run_fault(
+    arm: Arm,
+    observe: float,
+    thaw_wait: float,
+    deadline: float,
+    sync: Sync | None = None,
+    prompt_tokens: int = PROMPT_TOKENS,
+    freeze_at_chunk: int = FREEZE_AT_CHUNK,
+) -> None:
     """The decode frozen mid-transfer, for one arm (runs in its own thread)."""
+    sync = sync or Sync(1)
+    try:
+        _run_fault(arm, observe, thaw_wait, deadline, sync, prompt_tokens, freeze_at_chunk)
+    except BaseException as e:
+        arm.errors.append(f"{type(e).__name__}: {e}")
+        sync.give_up()
+
+
+def _run_fault(
+    arm: Arm,
+    observe: float,
+    thaw_wait: float,
+    deadline: float,
+    sync: Sync,
+    prompt_tokens: int,
+    freeze_at_chunk: int,
+) -> None:
     s = arm.servers
     decode = s.procs["decode"]
     before = prefill_batch_lines(arm)
     result: dict[str, Any] = {}
     client = threading.Thread(
         target=lambda: result.update(
-            generate(s, PROMPT_TOKENS, 7, timeout=observe + thaw_wait + 120)
+            generate(s, prompt_tokens, 7, timeout=observe + thaw_wait + 240)
         ),
         daemon=True,
     )
     t_sent = time.monotonic()
     client.start()
-    # freeze when the prefill starts chunk FREEZE_AT_CHUNK: the KV of the chunk before
-    # was posted to NIXL a moment ago (bounded: the prompt takes ~20-40 s here)
-    limit = t_sent + 240
-    while prefill_batch_lines(arm) - before < FREEZE_AT_CHUNK:
+    # freeze when the prefill starts chunk `freeze_at_chunk`: it has bootstrapped with
+    # the decode (a prefill batch only takes bootstrapped requests), and the KV of the
+    # chunks before was posted to NIXL a moment ago (bounded: the prompt takes ~20-40 s
+    # here); with a shared decode, when every arm's prefill got there
+    limit = t_sent + 300
+    while prefill_batch_lines(arm) - before < freeze_at_chunk:
         if time.monotonic() > limit or not client.is_alive():
-            arm.errors.append(f"the prefill never reached chunk {FREEZE_AT_CHUNK}: {result}")
+            arm.errors.append(f"the prefill never reached chunk {freeze_at_chunk}: {result}")
+            sync.give_up()
             return
         time.sleep(0.05)
+    arm.events["chunk_reached_after_send_s"] = round(time.monotonic() - t_sent, 2)
+    if not sync.wait():
+        arm.errors.append("another arm gave up before the freeze")
+        return
     decode.freeze()
     t0 = time.monotonic()
     arm.events["freeze_after_send_s"] = round(t0 - t_sent, 2)
     # the window: at least `observe`, and at least deadline + 15 s after the request
     # was first seen in the inflight queue (its last chunk's forward pass comes after the
-    # freeze, later on a busier machine), at most 3 * observe
-    end = t0 + observe
+    # freeze, later on a busier machine), at most 3 * observe; the latest arm's end
+    end = sync.end(arm.name, t0 + observe)
     while time.monotonic() < end:
         row = scrape(arm, t0)
         row["client_waiting"] = float(client.is_alive())
         arm.samples.append(row)
         if "inflight_entry" not in arm.fault and row["inflight"] >= 1:
             arm.fault["inflight_entry"] = row["t"]
-            end = min(max(end, t0 + row["t"] + deadline + 15), t0 + 3 * observe)
+            sync.end(arm.name, min(t0 + row["t"] + deadline + 15, t0 + 3 * observe))
         time.sleep(1.0)
+        end = sync.end(arm.name, 0.0)
     obs = scrape(arm, t0)
     obs["client_waiting"] = float(client.is_alive())
     arm.fault["observation"] = obs
+    if not sync.wait():
+        arm.errors.append("another arm gave up before the thaw")
     decode.thaw()
     arm.events["thaw_s"] = round(time.monotonic() - t0, 2)
     t_thaw = time.monotonic()
@@ -272,20 +325,37 @@ def run(
     observe: float = 50.0,
     thaw_wait: float = 90.0,
     sequential: bool = False,
+    shared_decode: bool = False,
+    prompt_tokens: int = PROMPT_TOKENS,
+    freeze_at_chunk: int = FREEZE_AT_CHUNK,
     arms: tuple[str, ...] = ("without", "with"),
     log: Any = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns what results.json holds. Always stops every process it
-    started."""
+    started.
+
+    *shared_decode*: one decode (started without stallguard) for both arms, each arm a
+    prefill and a router of its own (5 processes groups instead of 6; one SIGSTOP is both
+    arms' fault, so both run at once)."""
     out.mkdir(parents=True, exist_ok=True)
     config = out / "stallguard-sglang.toml"
     config.write_text(CONFIG.format(deadline=deadline))
     t_all = time.monotonic()
-    made = {
-        name: Arm(name, ServerSet(name, out / "logs", config if name == "with" else None))
-        for name in arms
-    }
+    made: dict[str, Arm] = {}
+    for name in arms:
+        owner = next(iter(made.values())).servers if shared_decode and made else None
+        servers = ServerSet(
+            name,
+            out / "logs",
+            config if name == "with" else None,
+            decode_from=owner,
+            decode_stallguard=not shared_decode,
+            decode_name="decode" if shared_decode else None,
+        )
+        made[name] = Arm(name, servers)
     batches = [list(made.values())] if not sequential else [[a] for a in made.values()]
+    if shared_decode:
+        batches = [list(made.values())]
     try:
         for batch in batches:
             for a in batch:
@@ -302,10 +372,24 @@ def run(
                 a.requests["healthy_before"] = [
                     generate(a.servers, 16, 100 + i, 60) for i in range(2)
                 ]
-                a.events["rss_mb"] = round(sum(group_rss_mb(p.pgid) for p in a.servers), 0)
-            log("routers ready; the fault: decode SIGSTOPped mid-transfer of a 64 MB KV")
+                a.events["rss_mb"] = round(
+                    sum(
+                        group_rss_mb(p.pgid)
+                        for m, p in a.servers.procs.items()
+                        if a.servers.owns(m)
+                    ),
+                    0,
+                )
+            log(
+                f"routers ready; the fault: decode SIGSTOPped mid-transfer of a "
+                f"{kv_mb(prompt_tokens):.0f} MB KV"
+            )
+            sync = Sync(len(batch)) if shared_decode else None
             threads = [
-                threading.Thread(target=run_fault, args=(a, observe, thaw_wait, deadline))
+                threading.Thread(
+                    target=run_fault,
+                    args=(a, observe, thaw_wait, deadline, sync, prompt_tokens, freeze_at_chunk),
+                )
                 for a in batch
             ]
             for t in threads:
@@ -324,8 +408,9 @@ def run(
     results = {
         "deadline_s": deadline,
         "observe_s": observe,
-        "prompt_tokens": PROMPT_TOKENS,
-        "kv_mb": PROMPT_TOKENS * 8 * 4 * 256 * 2 * 2 / 2**20,
+        "prompt_tokens": prompt_tokens,
+        "kv_mb": kv_mb(prompt_tokens),
+        "shared_decode": shared_decode,
         "total_s": round(time.monotonic() - t_all, 1),
         "arms": {
             a.name: {
@@ -342,6 +427,12 @@ def run(
     }
     (out / "results.json").write_text(json.dumps(results, indent=1))
     return results
+
+
+def kv_mb(tokens: int) -> float:
+    """MB of KV for *tokens* tokens of the big-KV model (8 layers x 4 KV heads x 256 x
+    fp16 x K and V)."""
+    return tokens * 8 * 4 * 256 * 2 * 2 / 2**20
 
 
 def verdict(results: dict[str, Any]) -> list[str]:
@@ -430,7 +521,7 @@ def table(results: dict[str, Any]) -> str:
     rows.append("")
     rows.append(
         "Times are seconds after the decode was SIGSTOPped (mid-transfer of the "
-        f"{PROMPT_TOKENS}-token, {results['kv_mb']:.0f} MB KV); deadline {d:g} s "
+        f"{results['prompt_tokens']}-token, {results['kv_mb']:.0f} MB KV); deadline {d:g} s "
         "(WaitingForInput, Transferring), "
         f"observation point and SIGCONT at +{results['observe_s']:g} s or deadline + 15 s "
         "after the request was first seen in the inflight queue, whichever is later. "
@@ -500,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sequential", action="store_true", help="one arm at a time (half the memory and CPU)"
     )
+    p.add_argument(
+        "--shared-decode",
+        action="store_true",
+        help="one decode (without stallguard) for both arms' prefills: both arms at once",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     p.add_argument("--arms", default="without,with")
     args = p.parse_args(argv)
     if not PYTHON.exists():
@@ -513,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
         deadline=args.deadline,
         observe=args.observe,
         sequential=args.sequential,
+        shared_decode=args.shared_decode,
+        prompt_tokens=args.prompt_tokens,
         arms=tuple(args.arms.split(",")),
         log=lambda m: print(f"[real_servers] {m}", flush=True),
     )

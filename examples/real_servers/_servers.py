@@ -190,13 +190,25 @@ def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) ->
 
 @dataclass
 class ServerSet:
-    """Prefill + decode + router for one arm ("without" or "with" stallguard)."""
+    """Prefill + decode + router for one arm ("without" or "with" stallguard).
+
+    With *decode_from*, the set starts no decode of its own: its router sends the decode
+    half of each request to *decode_from*'s decode (one decode serving two prefills, as
+    a decode serves any prefill the router pairs it with). Both arms of a run then share
+    one decode, and one SIGSTOP of it is the fault of both; the arms differ only in their
+    prefill's environment. *decode_stallguard* False starts the decode without
+    ``STALLGUARD_SGLANG_CONFIG`` (the shared decode: the control must not run it).
+    """
 
     arm: str
     logs: Path
     stallguard_config: Path | None
     max_total_tokens: int = 8192
     chunked_prefill_size: int = 512
+    decode_from: ServerSet | None = None
+    decode_stallguard: bool = True
+    #: the decode's process/log name (default "<arm>-decode"; "decode" for a shared one)
+    decode_name: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -207,6 +219,8 @@ class ServerSet:
             p = free_ports(5)
             names = ("prefill", "bootstrap", "decode", "router", "router_metrics")
             self.ports = dict(zip(names, p, strict=True))
+        if self.decode_from is not None:
+            self.ports["decode"] = self.decode_from.ports["decode"]
 
     def url(self, name: str) -> str:
         return f"http://{HOST}:{self.ports[name]}"
@@ -236,17 +250,32 @@ class ServerSet:
         ]  # fmt: skip
 
     def start_servers(self) -> None:
-        env = server_env(self.stallguard_config)
         self.started_at = time.monotonic()
         for mode in ("prefill", "decode"):
+            if mode == "decode" and self.decode_from is not None:
+                self.procs["decode"] = self.decode_from.procs["decode"]
+                continue
+            config = self.stallguard_config
+            if mode == "decode" and not self.decode_stallguard:
+                config = None
+            name = (
+                "decode"
+                if mode == "decode" and not self.decode_stallguard
+                else f"{self.arm}-{mode}"
+            )
             self.procs[mode] = spawn(
-                f"{self.arm}-{mode}",
-                self.server_argv(mode),
-                env,
-                self.logs / f"{self.arm}-{mode}.log",
+                name, self.server_argv(mode), server_env(config), self.logs / f"{name}.log"
             )
 
+    def owns(self, mode: str) -> bool:
+        """Whether this set started the *mode* server (False for a borrowed decode)."""
+        return not (mode == "decode" and self.decode_from is not None)
+
     def start_router(self) -> None:
+        # the router's ports are chosen now, not when the set was made: minutes of
+        # server start-up later, another process may have taken them (a router died
+        # of "Address already in use" for its Prometheus port at load 60-90)
+        self.ports["router"], self.ports["router_metrics"] = free_ports(2)
         env = server_env(None)
         self.procs["router"] = spawn(
             f"{self.arm}-router", self.router_argv(), env, self.logs / f"{self.arm}-router.log"
@@ -257,6 +286,10 @@ class ServerSet:
         first answered 200. Raises if a server process died."""
         for mode in ("prefill", "decode"):
             if mode in self.healthy_after:
+                continue
+            if not self.owns(mode) and self.decode_from is not None:
+                if mode in self.decode_from.healthy_after:
+                    self.healthy_after[mode] = self.decode_from.healthy_after[mode]
                 continue
             proc = self.procs[mode]
             if not proc.alive():
@@ -279,8 +312,9 @@ class ServerSet:
         return text if status == 200 else ""
 
     def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            proc.stop()
+        for mode, proc in reversed(list(self.procs.items())):
+            if self.owns(mode):
+                proc.stop()
 
     def __iter__(self) -> Iterator[Proc]:
         return iter(self.procs.values())
@@ -295,9 +329,9 @@ class ServerDied(RuntimeError):
         self.proc = proc
 
 
-def wait_healthy(sets: list[ServerSet], timeout: float = 420.0, every: float = 3.0) -> None:
+def wait_healthy(sets: list[ServerSet], timeout: float = 900.0, every: float = 3.0) -> None:
     """Poll every set's servers' /health until all answer 200 (starts take ~90-110 s
-    here, more when the sets start together)."""
+    here on quiet cores, 3-7 minutes when the sets start together at load 30-90)."""
     deadline = time.monotonic() + timeout
     while not all(s.healthy for s in sets):
         if time.monotonic() > deadline:

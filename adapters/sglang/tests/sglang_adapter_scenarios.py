@@ -79,6 +79,50 @@ def _conclusions(sched: Any) -> dict[str, tuple[int, str, str | None]]:
 # --------------------------------------------------------------------------- plugin
 
 
+def active_line(config_path: str, configure_first: str) -> dict[str, Any]:
+    """The "stallguard-sglang active" line of a process whose logging SGLang configures
+    *after* ``load_plugins()`` (``configure_first="no"``, what ``launch_server`` does in
+    the launcher and each scheduler process) or before it (``"yes"``): SGLang's own
+    ``load_plugins()`` with the installed entry point, then SGLang's ``configure_logger``
+    (root handler at INFO, ``force=True``), then three inflight queue calls of a stuck
+    NIXL sender through the hooks. Returns the log text at each point."""
+    import sglang.srt.plugins as plugins
+    import sglang_support as sgs
+    from sglang.srt.utils.common import configure_logger
+
+    class Args:  # the one field configure_logger reads
+        log_level = "info"
+
+    stream = io.StringIO()
+
+    def configure() -> None:
+        configure_logger(Args())
+        root = logging.getLogger()
+        # configure_logger's handler writes to stderr: capture it instead, same level
+        for handler in root.handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(stream)  # type: ignore[type-var]
+
+    os.environ["STALLGUARD_SGLANG_CONFIG"] = config_path
+    if configure_first == "yes":
+        configure()
+    plugins.load_plugins()
+    after_plugins = stream.getvalue()
+    if configure_first != "yes":
+        configure()
+    after_configure = stream.getvalue()
+    sgs.setup_context(0, 1)
+    sched = sgs.FakeScheduler()
+    sched.prefill(_stuck(sgs, sched, "nixl", "nixl-stuck", TRANSFERRING))
+    for _ in range(3):
+        sched.step()
+    return {
+        "after_plugins": after_plugins,
+        "after_configure": after_configure,
+        "after_queue": stream.getvalue(),
+    }
+
+
 def plugin_roundtrip(config_path: str) -> dict[str, Any]:
     """SGLang's own `load_plugins()` with the installed entry point: first without
     STALLGUARD_SGLANG_CONFIG (nothing happens), then with it (the hooks apply and a stuck

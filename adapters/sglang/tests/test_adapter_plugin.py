@@ -174,6 +174,23 @@ BAD_CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("configure_first", ["no", "yes"])
+def test_the_active_line_reaches_a_log_configured_after_load_plugins(config_path, configure_first):
+    """launch_server runs load_plugins() before SGLang configures logging: the line is
+    kept and logged at the first queue call, once; with logging already configured it
+    is logged at once, and not again."""
+    out = run("active_line", config_path, configure_first)
+    line = f"stallguard-sglang active on SGLang 0.5.23 (config {config_path}; prefill enforce"
+    if configure_first == "no":
+        assert line not in out["after_configure"]  # dropped if logged at install time
+    else:
+        assert line in out["after_plugins"]
+    assert out["after_queue"].count(line) == 1, out["after_queue"]
+    # it comes with (before) the support table of the first queue call
+    table = out["after_queue"].index("stallguard-sglang: deadlines (config")
+    assert out["after_queue"].index(line) < table
+
+
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
 def test_bad_config_stops_the_scheduler_process(tmp_path, case):
     data, problem = BAD_CONFIGS[case]

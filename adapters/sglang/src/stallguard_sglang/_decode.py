@@ -590,6 +590,7 @@ def _guard(queue_obj: Any, kind: str) -> _DecodeGuard | None:
 
 def _log_table(rt: Runtime) -> None:
     """Log the decode support table once per process (at the first decode queue call)."""
+    rt.announce()
     if getattr(rt, _TABLE_LOGGED, False):
         return
     setattr(rt, _TABLE_LOGGED, True)

@@ -46,6 +46,9 @@ class Runtime:
         #: KV sender class -> backend name (None: not a sender class the adapter knows)
         self.backends: dict[type, str | None] = {}
         self._table_logged = False
+        #: the "stallguard-sglang active ..." line when it could not be logged at
+        #: install time (logging not configured yet): logged at the first queue call.
+        self.pending_active_line: str | None = None
         #: every queue guard alive in this process (weakly: they die with their queue).
         self.guards: weakref.WeakSet[QueueGuard] = weakref.WeakSet()
         #: exceptions the hooks caught (and logged) instead of breaking the scheduler loop.
@@ -74,8 +77,16 @@ class Runtime:
         self.backends[cls] = backend
         return backend
 
+    def announce(self) -> None:
+        """Log the pending "active" line, once (the first queue call of a process whose
+        logging was configured after the plugin was installed)."""
+        line, self.pending_active_line = self.pending_active_line, None
+        if line is not None:
+            log.info("%s", line)
+
     def log_support_table(self, backends: list[str]) -> None:
         """Log the support table once per process (at the first queue call)."""
+        self.announce()
         if self._table_logged:
             return
         self._table_logged = True

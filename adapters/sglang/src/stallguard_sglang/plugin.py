@@ -141,7 +141,8 @@ def install(config: Config, *, via: str = "plugins") -> None:
             version,
             SUPPORTED_SGLANG,
         )
-    _runtime.set_runtime(_runtime.Runtime(config, version=version))
+    rt = _runtime.Runtime(config, version=version)
+    _runtime.set_runtime(rt)
     plan = _decode.hook_plan(config, _hooks.hook_plan(config, version))
     if via == "plugins":
         from sglang.srt.plugins.hook_registry import (  # type: ignore[import-untyped]
@@ -159,17 +160,33 @@ def install(config: Config, *, via: str = "plugins") -> None:
     else:
         raise ValueError(f"via must be 'plugins' or 'patch', got {via!r}")
     _installed = config
-    log.info(
-        "stallguard-sglang active on SGLang %s (config %s; prefill %s, bootstrap queue %s, "
-        "decode %s; %d hooks via %s)",
-        version,
-        config.source,
-        config.prefill.mode,
-        config.bootstrap_queue.mode,
-        config.decode.mode,
-        len(plan),
-        via,
+    line = (
+        f"stallguard-sglang active on SGLang {version} (config {config.source}; prefill "
+        f"{config.prefill.mode}, bootstrap queue {config.bootstrap_queue.mode}, decode "
+        f"{config.decode.mode}; {len(plan)} hooks via {via})"
     )
+    if _logging_configured(log):
+        log.info("%s", line)
+    else:
+        # SGLang's launch_server calls load_plugins() before it configures logging (in
+        # the launcher and in every scheduler process): logged now, the line would be
+        # dropped. The runtime logs it at the first queue call instead, with the table.
+        rt.pending_active_line = line
+
+
+def _logging_configured(logger: logging.Logger) -> bool:
+    """Whether an INFO record of *logger* would reach a handler now (the check
+    ``logging`` itself makes; ``logging.lastResort`` only takes warnings)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.handlers:
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
 
 
 def patch(target: str, fn: Callable[..., Any], kind: str) -> None:
