@@ -201,7 +201,7 @@ def test_queued_overstay_is_reported_once_and_never_failed() -> None:
     clock.advance(100)
     assert not tracker.step()
     assert tracker.counts == {("reported", QUEUED): 1}
-    assert tracker.take_counts() == {("reported", QUEUED): 1}
+    assert tracker.take_counts() == {("reported", QUEUED, "state"): 1}
     assert tracker.take_counts() == {}
 
 

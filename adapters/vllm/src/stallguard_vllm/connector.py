@@ -259,7 +259,7 @@ class _Stallguard:
         sg = self.stallguard
         if sg is None:
             return stats_with_counts(stats, None)
-        return stats_with_counts(stats, sg.take_counts(), sg.take_quarantine())
+        return stats_with_counts(stats, sg.take_counts(), sg.take_quarantine(), sg.take_stays())
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
