@@ -39,7 +39,7 @@ CONFIG = {
     "prefill": {
         "mode": "enforce",
         "deadlines": {
-            "Bootstrapping": 300,
+            "Bootstrapping": "none",  # no deadline: no deadline series
             "WaitingForInput": 10,
             "Transferring": {"seconds": 60, "stall": 15},
         },
