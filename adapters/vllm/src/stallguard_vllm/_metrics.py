@@ -40,6 +40,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 
 from stallguard._stats import LADDER
 
+from ._names import (
+    DEADLINE,
+    FORCED_FAILURES,
+    OLDEST_AGE,
+    QUARANTINE_OVERDUE,
+    QUARANTINED_BLOCKS,
+    QUARANTINED_BYTES,
+    STALLS_REPORTED,
+    STATE_SECONDS,
+)
+
 __all__ = [
     "DEADLINE",
     "FORCED_FAILURES",
@@ -55,18 +66,6 @@ __all__ = [
     "stats_with_counts",
 ]
 
-#: Counter name (``_total`` is appended by prometheus_client).
-FORCED_FAILURES = "vllm:stallguard_forced_failures"
-#: Counter name (``_total`` is appended by prometheus_client).
-STALLS_REPORTED = "vllm:stallguard_stalls_reported"
-#: Gauge names: quarantined blocks and bytes, and overdue holds, per peer.
-QUARANTINED_BLOCKS = "vllm:stallguard_quarantined_blocks"
-QUARANTINED_BYTES = "vllm:stallguard_quarantined_bytes"
-QUARANTINE_OVERDUE = "vllm:stallguard_quarantine_overdue"
-#: Time in state (histogram), the phase deadline and the oldest request's age (gauges).
-STATE_SECONDS = "vllm:stallguard_state_seconds"
-DEADLINE = "vllm:stallguard_deadline_seconds"
-OLDEST_AGE = "vllm:stallguard_oldest_age_seconds"
 _KEYS = {"forced": "stallguard_forced", "reported": "stallguard_reported"}
 #: data key: a list of time-in-state exports (PhaseTracker.take_stays), oldest first
 _STAYS = "stallguard_stays"

@@ -27,7 +27,7 @@ from stallguard._adapters import describe_exception, run_console
 from stallguard._advice import read_prometheus
 from stallguard._promapi import exposition_from_prometheus, parse_window
 
-from ._metrics import DEADLINE, FORCED_FAILURES, STALLS_REPORTED, STATE_SECONDS
+from ._names import DEADLINE, FORCED_FAILURES, STALLS_REPORTED, STATE_SECONDS
 
 __all__ = ["PROMETHEUS_NAMES", "advise_text", "main", "toml_block"]
 
