@@ -32,10 +32,13 @@ copyright = "the stallguard developers; Apache-2.0"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "img"]
+exclude_patterns = ["_build", "img", "_static"]
 
 html_theme = "furo"
 html_title = "stallguard"
+# wide tables and long code lines wrap inside the page (docs/_static/wrap.css)
+html_static_path = ["_static"]
+html_css_files = ["wrap.css"]
 
 # Markdown: `[Metrics](#metrics)`-style links to headings, as GitHub renders them.
 myst_heading_anchors = 4

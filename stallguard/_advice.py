@@ -25,7 +25,6 @@ ladder value is a bucket bound) and flags a tail that is still growing:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -462,21 +461,30 @@ def _trend(dist: Distribution, earlier: Distribution | None, warnings: list[str]
 
 # --------------------------------------------------------------------------- Prometheus
 
-_LINE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$"
-)
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
-
-def _unescape(value: str) -> str:
-    return re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], value)
+def _parser(text: str) -> Any:
+    """prometheus_client's parser for *text*: OpenMetrics (a saved OpenMetrics scrape
+    ends with ``# EOF``) or the Prometheus text format (a saved ``/metrics`` scrape,
+    ``/federate`` output)."""
+    try:
+        if text.rstrip().endswith("# EOF"):
+            from prometheus_client.openmetrics.parser import text_string_to_metric_families
+        else:
+            from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        raise ValueError(
+            "reading a Prometheus exposition needs prometheus_client "
+            "(pip install prometheus-client; SGLang and vLLM install it)"
+        ) from None
+    return text_string_to_metric_families
 
 
 def read_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """The samples of a Prometheus text exposition: ``(name, labels, value)``. Comments
-    and blank lines are skipped; ``+Inf``, ``-Inf`` and ``NaN`` values are read as the
-    floats they name (valid exposition syntax).
+    """The samples of a Prometheus text exposition or an OpenMetrics one (ending with
+    ``# EOF``), read by prometheus_client's parsers: ``(name, labels, value)``.
+    Comments, blank lines, timestamps and exemplars are skipped; UTF-8 metric names
+    (``{"sglang:x_bucket",le="1"}``) are read; ``+Inf``, ``-Inf`` and ``NaN`` values are
+    the floats they name.
 
     Raises:
         ValueError: naming the line, for a line that is not a sample.
@@ -484,33 +492,43 @@ def read_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     return [(name, labels, value) for _, name, labels, value in _samples(text)]
 
 
-def _samples(text: str) -> Iterable[tuple[int, str, dict[str, str], float]]:
-    """``(line number, name, labels, value)`` for each sample of *text*."""
+def _sample_lines(text: str) -> list[int]:
+    """The line numbers of *text*'s sample lines (not blank, not a comment)."""
+    return [
+        number
+        for number, line in enumerate(text.splitlines(), 1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def _bad_line(text: str, parse: Any, error: Exception) -> ValueError:
+    """The error for a text the parser refused, naming its first bad line."""
+    header = [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    om = text.rstrip().endswith("# EOF")
     for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
-        m = _LINE.match(stripped)
-        if m is None:
-            raise ValueError(f"line {number} is not a Prometheus sample: {_short(line)}")
-        labels: dict[str, str] = {}
-        raw = m.group("labels")
-        if raw:
-            pos = 0
-            while pos < len(raw):
-                lm = _LABEL.match(raw, pos)
-                if lm is None:
-                    shown = raw if len(raw) <= 80 else f"{raw[:77]}..."
-                    raise ValueError(f"line {number}: cannot read the labels {{{shown}}}")
-                labels[lm.group(1)] = _unescape(lm.group(2))
-                pos = lm.end()
         try:
-            value = float(m.group("value"))
-        except ValueError:
-            raise ValueError(
-                f"line {number}: value {_short(m.group('value'))} is not a number"
-            ) from None
-        yield number, m.group("name"), labels, value
+            list(parse("\n".join([*header, line, "# EOF"] if om else [line]) + "\n"))
+        except Exception as e:
+            return ValueError(f"line {number} is not a Prometheus sample: {_short(line)} ({e})")
+    return ValueError(f"not a Prometheus exposition: {error}")
+
+
+def _samples(text: str) -> Iterable[tuple[int | None, str, dict[str, str], float]]:
+    """``(line number, name, labels, value)`` for each sample of *text* (the number is
+    None when the samples cannot be matched to lines one to one)."""
+    if not isinstance(text, str):
+        raise TypeError(f"a Prometheus exposition is text, got {type(text).__name__}")
+    parse = _parser(text)
+    try:
+        samples = [s for family in parse(text) for s in family.samples]
+    except Exception as e:  # the parsers raise ValueError, and others on odd input
+        raise _bad_line(text, parse, e) from None
+    lines = _sample_lines(text)
+    numbers: list[int | None] = list(lines) if len(lines) == len(samples) else [None] * len(samples)
+    for number, sample in zip(numbers, samples, strict=True):
+        yield number, str(sample.name), dict(sample.labels), float(sample.value)
 
 
 def _short(text: str) -> str:
@@ -526,7 +544,11 @@ def _series(name: str, labels: Mapping[str, str]) -> str:
     return text if len(text) <= 120 else f"{text[:117]}..."
 
 
-def _bucket_bound(number: int, name: str, labels: Mapping[str, str]) -> float:
+def _at(number: int | None) -> str:
+    return f"line {number}: " if number is not None else ""
+
+
+def _bucket_bound(number: int | None, name: str, labels: Mapping[str, str]) -> float:
     """The ``le`` of a bucket sample: a number or ``+Inf`` (``NaN`` and ``-Inf`` bound
     nothing)."""
     text = labels["le"]
@@ -536,17 +558,17 @@ def _bucket_bound(number: int, name: str, labels: Mapping[str, str]) -> float:
         bound = math.nan
     if math.isnan(bound) or bound == -math.inf:
         raise ValueError(
-            f"line {number}: {_series(name, labels)}: le={_short(text)} is not a bucket "
+            f"{_at(number)}{_series(name, labels)}: le={_short(text)} is not a bucket "
             'bound; a bucket\'s le is a number, or "+Inf" for the last one'
         )
     return bound
 
 
-def _count_value(number: int, name: str, labels: Mapping[str, str], value: float) -> float:
+def _count_value(number: int | None, name: str, labels: Mapping[str, str], value: float) -> float:
     """A sample that counts something (a bucket, a counter): finite and not negative."""
     if not math.isfinite(value) or value < 0:
         raise ValueError(
-            f"line {number}: {_series(name, labels)} {_exposed(value)}: a count must be a "
+            f"{_at(number)}{_series(name, labels)} {_exposed(value)}: a count must be a "
             "finite number >= 0 (NaN and infinite counts mean nothing)"
         )
     return value

@@ -27,6 +27,8 @@ Nothing here imports an engine, prometheus_client or (until a check runs) packag
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ._adapters import (
     EnvReader,
     OneLineParser,
@@ -49,6 +51,38 @@ from ._stats import BOUNDS, LADDER
 from ._validate import did_you_mean, shorten
 from ._versions import VersionSupport, installed_version, release_of
 
+
+def exposition_from_prometheus(
+    base: str,
+    names: Iterable[str],
+    *,
+    window: float,
+    end: float,
+    step: float | None = None,
+    timeout: float = 30.0,
+) -> str:
+    """Time-in-state history from a Prometheus server's HTTP API as one text exposition:
+    *names* (metric family names, ``prefix:rest``, either spelling found) over
+    ``[end - window, end]``, summed across pods, restarts counted (a counter's drop starts
+    a new run). What ``advise --prometheus`` reads.
+
+    Raises:
+        PrometheusAPIError: the server cannot be reached or answers something else than
+            a ``query_range`` matrix (the message names the URL).
+    """
+    from ._promapi import exposition_from_prometheus as read  # urllib only when used
+
+    return read(base, names, window=window, end=end, step=step, timeout=timeout)
+
+
+def parse_window(text: str, what: str = "--window") -> float:
+    """Seconds in a Prometheus duration (``90s``, ``15m``, ``7d``, ``1w``); a
+    :class:`ValueError` naming *what* and the text otherwise."""
+    from ._promapi import parse_window as parse
+
+    return parse(text, what)
+
+
 __all__ = [
     "BOUNDS",
     "LADDER",
@@ -60,11 +94,13 @@ __all__ = [
     "describe_exception",
     "did_you_mean",
     "env_enabled",
+    "exposition_from_prometheus",
     "histogram_buckets",
     "installed_version",
     "lazy_attribute",
     "lazy_names",
     "one_line",
+    "parse_window",
     "printable",
     "read_config",
     "read_prometheus",

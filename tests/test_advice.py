@@ -241,10 +241,21 @@ def test_read_prometheus_labels_escapes_and_errors():
     assert samples[2][2] == math.inf
     with pytest.raises(ValueError, match="line 1 is not a Prometheus sample"):
         read_prometheus("{oops} 1\n")
-    with pytest.raises(ValueError, match="line 2: cannot read the labels"):
+    with pytest.raises(ValueError, match=r"line 2 is not a Prometheus sample: 'a\{b=1\} 2'"):
         read_prometheus("a 1\na{b=1} 2\n")
-    with pytest.raises(ValueError, match="line 1: value 'abc' is not a number"):
+    with pytest.raises(ValueError, match="line 1 is not a Prometheus sample: 'a abc'"):
         read_prometheus("a abc\n")
+    # what the hand-written parser before prometheus_client's refused: exemplars
+    # (OpenMetrics), UTF-8 quoted names, timestamps
+    om = (
+        "# TYPE h histogram\n"
+        'h_bucket{state="A",le="1.0"} 3 # {trace_id="ab"} 0.5\n'
+        'h_bucket{state="A",le="+Inf"} 4\n'
+        'h_count{state="A"} 4\nh_sum{state="A"} 2.5\n# EOF\n'
+    )
+    assert [s[2] for s in read_prometheus(om)] == [3.0, 4.0, 4.0, 2.5]
+    utf8 = '{"sglang:h_bucket",state="A",le="1"} 3 1700000000000\n'
+    assert read_prometheus(utf8) == [("sglang:h_bucket", {"state": "A", "le": "1"}, 3.0)]
     with pytest.raises(ValueError, match="no h_bucket series"):
         sg.statistics_from_prometheus("a 1\n", histogram="h")
 

@@ -685,6 +685,34 @@ def have_libibverbs() -> bool:
     )
 
 
+#: Debian bookworm's prometheus package (apt-cache policy prometheus); the rules test
+#: runs whatever apt installs and says which version it ran.
+PROMETHEUS_DEB = "2.42"
+
+
+def have_prometheus() -> bool:
+    return shutil.which("prometheus") is not None and shutil.which("promtool") is not None
+
+
+def step_prometheus() -> str:
+    if have_prometheus():
+        return "present"
+    why = (
+        "the shipped Prometheus rules and Grafana dashboard (deploy/) will not be tested "
+        "on a real Prometheus: tests/test_prometheus_rules.py skips"
+    )
+    if os.geteuid() != 0:
+        return f"SKIPPED: prometheus missing and not root; {why} (`apt-get install -y prometheus`)"
+    if shutil.which("apt-get") is None:
+        return f"SKIPPED: prometheus missing and no apt-get; {why}"
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], env=env)
+    if not have_prometheus():
+        raise StepError("apt-get installed prometheus but prometheus/promtool are not on PATH")
+    return "installed"
+
+
 def step_libibverbs() -> str:
     if have_libibverbs():
         return "present"
@@ -815,6 +843,16 @@ def _env_locked() -> int:
     # System library: checked every run (cheap), never stamped.
     if not have_libibverbs():
         step("libibverbs1", None, step_libibverbs, stamps, "installing libibverbs1 (apt-get)")
+    # Prometheus server and promtool, for the shipped rules' and dashboard's test
+    # (tests/test_prometheus_rules.py); the same check, never stamped.
+    if not have_prometheus():
+        step(
+            "prometheus",
+            None,
+            step_prometheus,
+            stamps,
+            f"installing Debian's prometheus {PROMETHEUS_DEB} (apt-get, as root)",
+        )
     for proj in MAIN.editable:
         pyproject = proj / "pyproject.toml"
         if not pyproject.is_file():

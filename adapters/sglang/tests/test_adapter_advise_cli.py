@@ -71,7 +71,7 @@ def test_baseline_flags_a_growing_tail(tmp_path, capsys):
     ("content", "argv", "message"),
     [
         (None, ["--file", "/nonexistent/metrics.txt"], "No such file"),
-        ("oops oops\n", ["--file", "{path}"], "value 'oops' is not a number"),
+        ("oops oops\n", ["--file", "{path}"], "line 1 is not a Prometheus sample: 'oops oops'"),
         ("some_metric 1\n", ["--file", "{path}"], "no sglang:stallguard_state_seconds"),
         (None, ["--multiproc-dir", "/nonexistent"], "is not a directory"),
         (None, ["--file", "{path}", "--false-timeout-rate", "2"], "false_timeout_rate"),

@@ -328,4 +328,4 @@ def test_counter_labels_copy_sglangs_scheduler_labels():
         "tp_rank": "3",  # SGLang's value wins: the two must join
         "dp_rank": "",  # absent, not "None"
     }
-    assert LABELS == ("queue", "backend", "state")
+    assert LABELS == ("queue", "backend", "state", "reason")

@@ -128,6 +128,7 @@ def test_stuck_sender_failed_at_first_iteration_past_its_deadline(backend, state
         ("stuck", state, deadline)
     ]
     assert expiries[0].attributes == {
+        "gen_ai.request.id": "stuck",  # the name SGLang's and vLLM's own spans use
         "stallguard.sglang.rid": "stuck",
         "stallguard.sglang.bootstrap_room": stuck.bootstrap_room,
         "stallguard.sglang.backend": backend,

@@ -132,8 +132,11 @@ def test_load_plugins_with_and_without_config(config_path, tmp_path):
         "moe_ep_rank": "0",
     }
     assert samples == {
-        ("nixl", "Transferring"): ({"queue": "inflight", **running}, 1.0),
-        ("mooncake", "WaitingForInput"): ({"queue": "inflight", **running}, 1.0),
+        ("nixl", "Transferring"): ({"queue": "inflight", "reason": "state", **running}, 1.0),
+        ("mooncake", "WaitingForInput"): (
+            {"queue": "inflight", "reason": "state", **running},
+            1.0,
+        ),
     }
     # the startup table was logged once
     assert out["logs"].count("stallguard-sglang: deadlines (config") == 1

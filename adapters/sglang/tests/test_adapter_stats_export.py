@@ -30,7 +30,7 @@ def served() -> dict[tuple[str, str, str], float]:
     from stallguard_sglang import _stats_export
 
     out = {}
-    for family in _stats_export._metrics["seconds"].collect():
+    for family in _stats_export._created["seconds"].collect():
         for sample in family.samples:
             labels = sample.labels
             if all(labels.get(k) == v for k, v in LABELS.items()):

@@ -201,10 +201,74 @@ def test_queued_overstay_is_reported_once_and_never_failed() -> None:
     clock.advance(100)
     assert not tracker.step()
     assert tracker.counts == {("reported", QUEUED): 1}
-    assert tracker.take_counts() == {("reported", QUEUED): 1}
+    assert tracker.take_counts() == {("reported", QUEUED, "state"): 1}
     assert tracker.take_counts() == {}
 
 
 def test_mode_off_has_no_tracker() -> None:
     with pytest.raises(ValueError, match="mode enforce or report"):
         PhaseTracker(Config(mode="off"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.sampled_from([QUEUED, RECEIVING, HELD_FOR_READ]), st.integers(1, 4000)),
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_exported_stays_add_up_to_the_recorder_at_every_ladder_bound(batches) -> None:
+    """What take_stays ships (per-bucket deltas, however the stays fall between exports)
+    adds up to the tracker's own time-in-state histogram at every ladder bound: what
+    the Prometheus histogram on vLLM's /metrics holds. Between exports: None."""
+    from stallguard._stats import LADDER
+
+    clock = FakeClock(0.0)
+    long = 1e4  # no deadline fires: only the recording is under test
+    tracker = PhaseTracker(
+        Config(
+            mode="report",
+            queued=long,
+            receiving=long,
+            aborted_held=long,
+            held_for_read=long,
+            quarantined=long,
+        ),
+        clock=clock,
+    )
+    shipped: dict[str, list[int]] = {}
+    seconds: dict[str, float] = {}
+    n = 0
+    for batch in batches:
+        for phase, ms in batch:
+            n += 1
+            rid = f"r{n}"
+            if phase == QUEUED:
+                tracker.queued(rid)
+            elif phase == RECEIVING:
+                tracker.receiving(rid, peer="P", blocks=1, nbytes=1)
+            else:
+                tracker.held_for_read(rid)
+            clock.advance(ms / 1000)
+            tracker.done(rid)
+        rows = tracker.take_stays()
+        assert rows is not None
+        assert tracker.take_stays() is None  # at most once per EXPORT_PERIOD
+        for phase, counts, total, _deadline, _oldest in rows:
+            acc = shipped.setdefault(phase, [0] * len(counts))
+            shipped[phase] = [a + c for a, c in zip(acc, counts, strict=True)]
+            seconds[phase] = seconds.get(phase, 0.0) + total
+        clock.advance(1.0)
+    for wd in (tracker.queue, tracker.transfers):
+        for phase, st_ in wd.statistics().states.items():
+            dist = st_.distribution
+            cumulative = 0
+            for i, bound in enumerate(LADDER):
+                cumulative += shipped[phase][i]
+                assert cumulative == dist.count - dist.count_above(bound), (phase, bound)
+            assert sum(shipped[phase]) == dist.count
+            assert abs(seconds[phase] - dist.total) < 1e-6

@@ -194,7 +194,10 @@ def test_late_read_after_a_forced_failure_never_touches_another_request(pull: An
 def test_prometheus_counter_on_vllm_metrics(pull: Any) -> None:
     """The counts travel the way vLLM ships connector stats (SchedulerStats ->
     frontend -> KVConnectorProm), each failure once."""
-    shipped = Counter(p for d in pull["stats_payloads"] for p in d.get("stallguard_forced", ()))
+    # each entry [phase, reason]: a phase deadline fired (no stall window configured)
+    entries = [tuple(p) for d in pull["stats_payloads"] for p in d.get("stallguard_forced", ())]
+    assert {reason for _, reason in entries} == {"state"}
+    shipped = Counter(phase for phase, _ in entries)
     assert shipped == Counter(pull["forced_total"])
     assert shipped["Receiving"] >= 1 and shipped["AbortedHeld"] >= 1
     prom = dict(pull["prometheus"])
@@ -295,6 +298,8 @@ def test_one_span_per_failure(scenarios: Any) -> None:
     spans = [sp for sp in scenarios["spans"] if sp["name"] == "stallguard.forced_failure"]
     ids = [sp["attributes"].get("vllm.request_id") for sp in spans]
     assert len(ids) == len(set(ids))  # never twice
+    # the request id also under the name vLLM's own spans use (and stallguard-sglang's)
+    assert [sp["attributes"].get("gen_ai.request.id") for sp in spans] == ids
     rids = scenarios["pull"]["freeze"]["rids"]
     side = {sp["attributes"]["vllm.request_id"]: sp["attributes"]["vllm.kv_side"] for sp in spans}
     for rid in (rids["f-sg"], rids["a-sg"], "x-sg"):

@@ -75,7 +75,9 @@ def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None
             )
     out: dict[str, Any] = {
         phase: REGISTRY.get_sample_value(
-            "vllm:stallguard_forced_failures_total", {**labels, "phase": phase}
+            "vllm:stallguard_forced_failures_total",
+            # state and reason: the labels shared with stallguard-sglang; phase: 0.1's
+            {**labels, "state": phase, "reason": "state", "phase": phase},
         )
         for phase in ("Receiving", "AbortedHeld")
     }

@@ -1,11 +1,14 @@
 """``python -m stallguard_sglang advise``: suggested deadlines from a server's metrics.
 
 Reads the time-in-state histogram the adapter exports (``_stats_export.py``) from a
-Prometheus scrape (``--url http://127.0.0.1:30000/metrics``), a saved exposition
-(``--file metrics.txt``) or SGLang's multiprocess directory (``--multiproc-dir``,
-default ``$PROMETHEUS_MULTIPROC_DIR``), applies :func:`stallguard.advise` per queue and
-backend (tensor-parallel ranks summed), and prints a table per backend and a TOML block
-for ``STALLGUARD_SGLANG_CONFIG`` (docs/advice.md). Exit status 2 on bad input.
+Prometheus server's history (``--prometheus http://prometheus:9090 --window 7d``: every
+pod and restart in the window, summed), a live scrape
+(``--url http://127.0.0.1:30000/metrics``), a saved exposition or OpenMetrics scrape or
+``/federate`` output (``--file metrics.txt``) or SGLang's multiprocess directory
+(``--multiproc-dir``, default ``$PROMETHEUS_MULTIPROC_DIR``), applies
+:func:`stallguard.advise` per queue and backend (tensor-parallel ranks summed), and
+prints a table per backend and a TOML block for ``STALLGUARD_SGLANG_CONFIG``
+(docs/advice.md). Exit status 2 on bad input.
 """
 
 from __future__ import annotations
@@ -14,12 +17,20 @@ import argparse
 import http.client
 import os
 import sys
+import time
 import urllib.request
 from collections.abc import Mapping
 
 import stallguard
 from stallguard import Advice, ConfigError, Statistics
-from stallguard.adapters import OneLineParser, describe_exception, one_line, read_prometheus
+from stallguard.adapters import (
+    OneLineParser,
+    describe_exception,
+    exposition_from_prometheus,
+    one_line,
+    parse_window,
+    read_prometheus,
+)
 
 from . import _metrics, _stats_export
 
@@ -36,15 +47,41 @@ __all__ = [
 _PREFILL_STATES = ("Bootstrapping", "WaitingForInput", "Transferring")
 
 
+#: The metric families advise reads from a Prometheus server.
+PROMETHEUS_NAMES = (
+    _stats_export.STATE_SECONDS,
+    _stats_export.DEADLINE,
+    _stats_export.REPORTED_COMPLETED,
+    _metrics.FORCED_FAILURES,
+    _metrics.STALLS_REPORTED,
+)
+
+
 def read_source(
-    *, url: str | None = None, file: str | None = None, multiproc_dir: str | None = None
+    *,
+    url: str | None = None,
+    file: str | None = None,
+    multiproc_dir: str | None = None,
+    prometheus: str | None = None,
+    window: float = 7 * 86400.0,
+    step: float | None = None,
+    end: float | None = None,
 ) -> str:
-    """A Prometheus text exposition from one source.
+    """A Prometheus text exposition from one source (*prometheus*: a server's URL, read
+    over ``[end - window, end]``, default end now; see ``stallguard._promapi``).
 
     Raises:
         ValueError: naming the source, for anything that goes wrong reading it (the
             advise command prints it on one line and exits with status 2).
     """
+    if prometheus is not None:
+        return exposition_from_prometheus(
+            prometheus,
+            PROMETHEUS_NAMES,
+            window=window,
+            step=step,
+            end=time.time() if end is None else end,
+        )
     if url is not None:
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
@@ -78,7 +115,7 @@ def read_source(
                 f"--multiproc-dir {multiproc_dir!r}: cannot read the metrics in it: "
                 f"{describe_exception(e)}"
             ) from None
-    raise ValueError("give one of --url, --file or --multiproc-dir")
+    raise ValueError("give one of --prometheus, --url, --file or --multiproc-dir")
 
 
 def _backends(text: str, queue: str) -> list[str]:
@@ -114,7 +151,7 @@ def advise_text(
 ) -> dict[tuple[str, str], Advice]:
     """Advice per ``(queue, backend)`` found in *text* (*kwargs*: :func:`stallguard.advise`'s)."""
     out: dict[tuple[str, str], Advice] = {}
-    for queue in ("inflight", "bootstrap"):
+    for queue in ("inflight", "bootstrap", "prealloc", "transfer"):
         for backend in _backends(text, queue):
             stats = statistics(text, queue, backend)
             before = None
@@ -179,8 +216,9 @@ def _summary(a: Advice) -> str:
 #: The advise command's description (plain text, for ``--help``).
 DESCRIPTION = (
     "Suggested deadlines from a server's metrics: reads the time-in-state histogram "
-    "stallguard-sglang exports from a live /metrics scrape (--url), a saved exposition "
-    "(--file) or SGLang's prometheus_client multiprocess directory (--multiproc-dir, "
+    "stallguard-sglang exports from a Prometheus server's history (--prometheus, "
+    "--window), a live /metrics scrape (--url), a saved exposition (--file) or SGLang's "
+    "prometheus_client multiprocess directory (--multiproc-dir, "
     "default $PROMETHEUS_MULTIPROC_DIR), applies stallguard.advise per queue and backend "
     "(tensor-parallel ranks summed), and prints a table per backend and a TOML block for "
     "STALLGUARD_SGLANG_CONFIG (docs/advice.md). Exit status 2 on bad input."
@@ -190,8 +228,17 @@ DESCRIPTION = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The advise command's options, on *parser*."""
     source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="a Prometheus server (http://host:9090): its history over --window, every "
+        "pod and restart summed",
+    )
     source.add_argument("--url", help="scrape this /metrics URL")
-    source.add_argument("--file", help="a saved Prometheus text exposition")
+    source.add_argument(
+        "--file",
+        help="a saved exposition: Prometheus text, OpenMetrics (ending # EOF) or /federate output",
+    )
     source.add_argument(
         "--multiproc-dir",
         help="prometheus_client multiprocess directory (default: $PROMETHEUS_MULTIPROC_DIR)",
@@ -224,6 +271,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="stays a state needs before it gets a suggestion (default: 10 / the rate, rounded up)",
     )
+    parser.add_argument(
+        "--window",
+        default="7d",
+        help="with --prometheus: how far back to read (s, m, h, d, w; default 7d)",
+    )
+    parser.add_argument(
+        "--step",
+        default=None,
+        help="with --prometheus: seconds between samples read (default: window / 1000, at "
+        "least 15s; no longer than the scrape interval loses nothing at restarts)",
+    )
     parser.add_argument("--toml", action="store_true", help="print only the TOML block")
 
 
@@ -239,10 +297,17 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the advise command on parsed arguments (see :func:`add_arguments`)."""
     multiproc = args.multiproc_dir
-    if args.url is None and args.file is None and multiproc is None:
+    if args.url is None and args.file is None and multiproc is None and not args.prometheus:
         multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     try:
-        text = read_source(url=args.url, file=args.file, multiproc_dir=multiproc)
+        text = read_source(
+            url=args.url,
+            file=args.file,
+            multiproc_dir=multiproc,
+            prometheus=args.prometheus,
+            window=parse_window(args.window),
+            step=None if args.step is None else parse_window(args.step, "--step"),
+        )
         baseline = read_source(file=args.baseline) if args.baseline else None
         advice = advise_text(
             text,
@@ -267,7 +332,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if not args.toml:
         for (queue, backend), a in advice.items():
-            print(f"== {queue} queue, {backend} (mode: scrape; ranks summed)")
+            what = "Prometheus history, pods summed" if args.prometheus else "scrape"
+            print(f"== {queue} queue, {backend} (mode: {what}; ranks summed)")
             print(a.table())
             print()
         print("# paste into the file STALLGUARD_SGLANG_CONFIG names:")

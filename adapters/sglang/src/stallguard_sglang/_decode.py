@@ -56,11 +56,18 @@ from stallguard import CONCLUDED, Expiry, Quarantine, Spec, Watchdog
 
 from . import _metrics
 from ._config import DECODE_PHASES, Config
-from ._guard import QueueMembership, _attributes, _trace_parent
+from ._guard import (
+    GEN_AI_REQUEST_ID,
+    QueueMembership,
+    _attributes,
+    _trace_parent,
+    model_attribute,
+)
 from ._hooks import Site, _tp_rank, around_queue
 from ._hooks import update_status_around as _prefill_update_status
 from ._profiles import decode_deadlines, decode_support_table, format_support_table
 from ._runtime import Runtime, report_error, runtime
+from ._stats_export import LaneStats
 
 __all__ = [
     "PREALLOC_TARGET",
@@ -262,9 +269,12 @@ class _DecodeGuard(QueueMembership):
             on_expire=self._on_expire if mode == "enforce" else None,
             mode=mode,  # type: ignore[arg-type]
             memory=1,  # keys are unique per stay; a left entry is never observed again
+            statistics=True,  # time in state on /metrics (queue decode.<kind>), for advise
             describe=self._describe,
         )
         self.clock = self.wd.clock
+        #: time-in-state export, made at the first check (the backend is known then)
+        self.stats: LaneStats | None = None
         self.lock = threading.Lock()  # phase updates come from transfer threads too
         QueueMembership.__init__(self)  # entries: id(DecodeRequest.req) -> _Entry
         self.backend: str | None = None
@@ -293,13 +303,18 @@ class _DecodeGuard(QueueMembership):
 
     def _describe(self, entry: _Entry) -> dict[str, Any]:
         """The span attributes of an expiring request (the watchdog's ``describe``)."""
-        return _attributes(
-            rid=str(entry.rid),
-            bootstrap_room=entry.room,
-            backend=entry.backend,
-            tp_rank=self.tp_rank,
-            queue=self.kind,
-        )
+        rid = str(entry.rid)
+        return {
+            GEN_AI_REQUEST_ID: rid,
+            **_attributes(
+                rid=rid,
+                bootstrap_room=entry.room,
+                backend=entry.backend,
+                tp_rank=self.tp_rank,
+                queue=self.kind,
+            ),
+            **model_attribute(self.metric_labels),
+        }
 
     # ------------------------------------------------------------------ phases
 
@@ -325,13 +340,37 @@ class _DecodeGuard(QueueMembership):
     def before(self, queue: list[Any]) -> None:
         """Enroll what joined *queue* since the last call, then check deadlines once."""
         self.sync(queue)
-        expiries = self.wd.check(self.clock())
+        now = self.clock()
+        expiries = self.wd.check(now)
+        self._export(now)
         if expiries and self.wd.mode == "report":
             for expiry in expiries:
                 key = expiry.key
                 _metrics.count(
-                    "reported", self.kind, key.backend, expiry.state_label, self.metric_labels
+                    "reported",
+                    self.kind,
+                    key.backend,
+                    expiry.state_label,
+                    self.metric_labels,
+                    expiry.reason,
                 )
+
+    def _export(self, now: float) -> None:
+        """Time in state to /metrics, about once a second (labels: queue ``prealloc`` /
+        ``transfer``, as on the counters; the backend of its requests)."""
+        stats = self.stats
+        if stats is None:
+            if self.backend is None:
+                return  # nothing enrolled yet: nothing recorded
+            stats = self.stats = LaneStats(
+                self.wd,
+                self.kind,
+                self.backend,
+                self.tp_rank,
+                self.clock,
+                self.metric_labels,
+            )
+        stats.tick(now)
 
     # ------------------------------------------------------------------ membership
 
@@ -419,7 +458,14 @@ class _DecodeGuard(QueueMembership):
         if self.quarantine is not None:
             self.forced[id(entry.dreq)] = (entry.dreq, entry.backend)
         fail_receiver(entry.receiver, reason)
-        _metrics.count("forced", self.kind, entry.backend, expiry.state_label, self.metric_labels)
+        _metrics.count(
+            "forced",
+            self.kind,
+            entry.backend,
+            expiry.state_label,
+            self.metric_labels,
+            expiry.reason,
+        )
         return None
 
     def _rekey(self, entry: _Entry) -> None:

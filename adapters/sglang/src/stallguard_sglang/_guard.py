@@ -71,6 +71,10 @@ log = logging.getLogger("stallguard.sglang")
 ATTRIBUTE_PREFIX = "stallguard.sglang."
 _RID = ATTRIBUTE_PREFIX + "rid"
 _ROOM = ATTRIBUTE_PREFIX + "bootstrap_room"
+#: the engine's request id under the name SGLang's and vLLM's own spans give it
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
+#: the served model (OpenTelemetry's GenAI semantic conventions), when SGLang names it
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 
 # Attributes the adapter sets on SGLang objects (names nobody else uses).
 ROOMS = "_stallguard_rooms"  # on a CommonKVManager: room -> Entry
@@ -115,7 +119,10 @@ class Lane:
         self.events: collections.deque[tuple[Entry, int, float]] = collections.deque()
         #: the span attributes every request of this lane shares (absent ones left out)
         self.static = _attributes(backend=backend, tp_rank=guard.tp_rank, queue=guard.kind)
-        self.stats = LaneStats(wd, guard.kind, backend, guard.tp_rank, wd.clock)
+        self.static.update(model_attribute(guard.metric_labels))
+        self.stats = LaneStats(
+            wd, guard.kind, backend, guard.tp_rank, wd.clock, guard.metric_labels
+        )
 
     def enroll(self, entry: Entry, now: float) -> None:
         """Observe a request that joined the queue at *now*, in its current state."""
@@ -159,18 +166,30 @@ class Lane:
         listener in report mode."""
         guard = self.guard
         _metrics.count(
-            "reported", guard.kind, self.backend, expiry.state_label, guard.metric_labels
+            "reported",
+            guard.kind,
+            self.backend,
+            expiry.state_label,
+            guard.metric_labels,
+            expiry.reason,
         )
 
 
 def describe_entry(entry: Any) -> dict[str, Any]:
     """The span attributes of an expiring request (the lanes' ``describe``): its rid,
     room and what every request of its lane shares."""
-    attributes: dict[str, Any] = {_RID: str(entry.rid)}
+    rid = str(entry.rid)
+    attributes: dict[str, Any] = {GEN_AI_REQUEST_ID: rid, _RID: rid}
     if entry.room is not None:
         attributes[_ROOM] = entry.room
     attributes.update(entry.lane.static)
     return attributes
+
+
+def model_attribute(metric_labels: Mapping[str, str]) -> dict[str, str]:
+    """``gen_ai.request.model`` from SGLang's ``model_name`` label, if it has one."""
+    model = metric_labels.get("model_name")
+    return {GEN_AI_REQUEST_MODEL: model} if model else {}
 
 
 def _attributes(**values: Any) -> dict[str, Any]:
@@ -535,7 +554,14 @@ class QueueGuard(QueueMembership):
             _fail_common(entry.mgr, entry.room, reason)
         else:
             entry.sender.conclude_state = FAILED
-        _metrics.count("forced", self.kind, lane.backend, expiry.state_label, self.metric_labels)
+        _metrics.count(
+            "forced",
+            self.kind,
+            lane.backend,
+            expiry.state_label,
+            self.metric_labels,
+            expiry.reason,
+        )
         return None
 
 

@@ -12,7 +12,9 @@ would silently drop SGLang's own tokenizer metrics from ``/metrics``.
 Without metrics enabled (no ``PROMETHEUS_MULTIPROC_DIR``) the counters live in the
 process's default registry, unseen and harmless.
 
-Labels: ``queue``, ``backend`` and ``state`` (the adapter's own), then the labels SGLang's
+Labels: ``queue``, ``backend``, ``state`` and ``reason`` (the adapter's own; ``reason``
+is which limit fired: ``state`` for a state deadline, ``stall`` for a progress window,
+``lifetime`` for a lifetime, as on the expiry's span), then the labels SGLang's
 own scheduler metrics carry in that process (``SchedulerMetricsCollector``'s ``labels``:
 ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``, and
 ``dp_rank`` / ``priority`` / ``--extra-metric-labels`` when SGLang adds them), with the
@@ -41,6 +43,7 @@ __all__ = [
     "prepare",
     "scheduler_labels",
     "set_quarantined",
+    "sglang_label_names",
 ]
 
 log = logging.getLogger("stallguard.sglang")
@@ -50,7 +53,7 @@ FORCED_FAILURES = "sglang:stallguard_forced_failures"
 #: Requests stallguard found overdue in report mode (nothing failed).
 STALLS_REPORTED = "sglang:stallguard_stalls_reported"
 #: The adapter's own label names (first); SGLang's scheduler labels follow.
-LABELS = ("queue", "backend", "state")
+LABELS = ("queue", "backend", "state", "reason")
 #: Decode pages of requests stallguard failed, held in quarantine (not freed) because
 #: the prefill has not proven its writes into them over; per prefill peer.
 QUARANTINED_PAGES = "sglang:stallguard_quarantined_pages"
@@ -118,9 +121,15 @@ def prepare(sglang_labels: Mapping[str, str]) -> dict[str, str]:
 
 
 def count(
-    kind: str, queue: str, backend: str, state: str, sglang_labels: Mapping[str, str]
+    kind: str,
+    queue: str,
+    backend: str,
+    state: str,
+    sglang_labels: Mapping[str, str],
+    reason: str = "state",
 ) -> None:
-    """Add one to the ``kind`` (``"forced"`` or ``"reported"``) counter."""
+    """Add one to the ``kind`` (``"forced"`` or ``"reported"``) counter; *reason* is the
+    expiry's (``state``, ``stall`` or ``lifetime``)."""
     counters = _counters if _counters is not None else _create()
     if counters is None:
         return
@@ -129,10 +138,17 @@ def count(
             queue=queue,
             backend=backend,
             state=state,
+            reason=reason,
             **{name: sglang_labels.get(name, "") for name in _sglang_names},
         ).inc()
     except Exception:  # a metrics problem must never break the scheduler loop
         log.exception("stallguard-sglang: could not count a %s expiry", kind)
+
+
+def sglang_label_names() -> tuple[str, ...]:
+    """SGLang's label names the adapter's metrics carry after their own (fixed for the
+    process by the first :func:`prepare`; empty before it or without SGLang labels)."""
+    return _sglang_names
 
 
 def scheduler_labels(sched: Any, tp_rank: int | None) -> dict[str, str]:

@@ -8,14 +8,20 @@ lazily in the scheduler process exactly like the adapter's counters (see ``_metr
 for why):
 
 * ``sglang:stallguard_state_seconds`` (histogram; labels ``queue``, ``backend``,
-  ``state``, ``tp_rank``): seconds a request stayed in a state of the queue. Buckets:
-  :data:`stallguard.adapters.LADDER` (1 ms to one week; 1, 2, 5 x 10^k below 10 s, then
-  15 s, 20 s, 30 s, 45 s, 1 min... the values deadlines are suggested in). Every ladder
-  value is a bound of the in-process histogram, so the export is exact at its bounds;
-  a quantile read from a scrape has the ladder's resolution (up to 2.5x below 10 s,
-  1.5x from 10 s to one hour), estimated from above.
-* ``sglang:stallguard_deadline_seconds`` (gauge, ``max`` across processes; labels
-  ``queue``, ``backend``, ``state``): the state deadline in force (0: none).
+  ``state``, then SGLang's scheduler labels exactly as on the adapter's counters:
+  ``model_name``, ``engine_type``, ``tp_rank``, ... see ``_metrics.py``): seconds a request
+  stayed in a state of the queue. Buckets: :data:`stallguard.adapters.LADDER` (1 ms to one
+  week; 1, 2, 5 x 10^k below 10 s, then 15 s, 20 s, 30 s, 45 s, 1 min... the values
+  deadlines are suggested in). Every ladder value is a bound of the in-process histogram,
+  so the export is exact at its bounds; a quantile read from a scrape has the ladder's
+  resolution (up to 2.5x below 10 s, 1.5x from 10 s to one hour), estimated from above.
+* ``sglang:stallguard_deadline_seconds`` (gauge, ``max`` across processes; the
+  histogram's labels): the state deadline in force. A state without a deadline has **no**
+  series (absent, not 0), so ``deadline - quantile`` is absent for it too.
+* ``sglang:stallguard_oldest_age_seconds`` (gauge, ``livemax`` across processes; the
+  histogram's labels): the age of the oldest request in the state now (0: none), read
+  at each export from ``Watchdog.snapshot(requests=False)`` (O(tracked requests), once
+  a second). Rising towards the deadline is the early warning before a failure.
 * ``sglang:stallguard_reported_completed_total`` (counter; the histogram's labels):
   report mode, requests reported overdue that then completed (``Success``): the would-be
   false positives.
@@ -33,15 +39,19 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Mapping
 from typing import Any
 
-from stallguard import Watchdog
-from stallguard.adapters import StatisticsExporter, histogram_buckets
+from stallguard import StateStatistics, Watchdog
+from stallguard.adapters import BOUNDS, LADDER
+
+from . import _metrics
 
 __all__ = [
     "DEADLINE",
     "EXPORT_PERIOD",
     "LABELS",
+    "OLDEST_AGE",
     "REPORTED_COMPLETED",
     "STATE_SECONDS",
     "LaneStats",
@@ -51,57 +61,87 @@ log = logging.getLogger("stallguard.sglang")
 
 #: Histogram of seconds in a state.
 STATE_SECONDS = "sglang:stallguard_state_seconds"
-#: Gauge of the state deadline in force, seconds (0: none).
+#: Gauge of the state deadline in force, seconds (absent: none).
 DEADLINE = "sglang:stallguard_deadline_seconds"
+#: Gauge of the age of the oldest request in a state now, seconds.
+OLDEST_AGE = "sglang:stallguard_oldest_age_seconds"
 #: Counter of reported-then-completed requests (report mode). Exposed as ``..._total``.
 REPORTED_COMPLETED = "sglang:stallguard_reported_completed"
-#: Label names of the histogram and the counter (the gauge has no ``tp_rank``).
-LABELS = ("queue", "backend", "state", "tp_rank")
+#: The adapter's own label names of the three metrics; SGLang's scheduler labels follow
+#: (those of the adapter's counters, ``_metrics.prepare``; ``tp_rank`` when none are known).
+LABELS = ("queue", "backend", "state")
 #: Seconds between two exports of a lane.
 EXPORT_PERIOD = 1.0
 
 
+# ladder bucket j (values in (LADDER[j-1], LADDER[j]], the last one +Inf) = the fine
+# buckets BOUNDS[start:end] (exact: every ladder value is one of BOUNDS)
+_ENDS = (*(BOUNDS.index(v) + 1 for v in LADDER), len(BOUNDS))
+_SLICES: tuple[tuple[int, int], ...] = tuple(zip((0, *_ENDS[:-1]), _ENDS, strict=True))
+
 _lock = threading.Lock()
-_metrics: dict[str, Any] | None = None
+_created: dict[str, Any] | None = None
 _failed = False
+#: the SGLang label names after LABELS, fixed at creation
+_extra: tuple[str, ...] = ()
+
+
+def label_names() -> tuple[str, ...]:
+    """The SGLang label names the metrics carry after :data:`LABELS` (those of the
+    adapter's counters, fixed for the process at its first ``_metrics.prepare``; else
+    ``("tp_rank",)``)."""
+    return _metrics.sglang_label_names() or ("tp_rank",)
 
 
 def _create() -> dict[str, Any] | None:
-    global _metrics, _failed
+    global _created, _failed, _extra
+    _metrics.prepare({})  # fixes SGLang's label names for the process, once (if not yet)
     with _lock:
-        if _metrics is not None or _failed:
-            return _metrics
+        if _created is not None or _failed:
+            return _created
         try:
             from prometheus_client import Counter, Gauge, Histogram
         except ImportError:
             _failed = True
             return None
+        extra = label_names()
+        names = LABELS + extra
         try:
-            _metrics = {
+            _created = {
                 "seconds": Histogram(
                     STATE_SECONDS,
                     "Seconds a prefill KV-sender request stayed in a KVPoll state of a "
                     "stallguard-guarded queue (recorded when it left the state).",
-                    labelnames=LABELS,
-                    buckets=histogram_buckets(),
+                    labelnames=names,
+                    buckets=(*LADDER, math.inf),
                 ),
                 "deadline": Gauge(
                     DEADLINE,
-                    "The stallguard state deadline in force, seconds (0: none).",
-                    labelnames=LABELS[:3],
+                    "The stallguard state deadline in force, seconds (no series: the "
+                    "state has no deadline).",
+                    labelnames=names,
                     multiprocess_mode="max",
+                ),
+                "oldest": Gauge(
+                    OLDEST_AGE,
+                    "Age of the oldest request in a stallguard-guarded state now, seconds "
+                    "(0: none in it).",
+                    labelnames=names,
+                    multiprocess_mode="livemax",
                 ),
                 "completed": Counter(
                     REPORTED_COMPLETED,
                     "Requests stallguard reported overdue (report mode) that then "
                     "completed: what enforcing would have failed needlessly.",
-                    labelnames=LABELS,
+                    labelnames=names,
                 ),
             }
         except ValueError:
             log.exception("stallguard-sglang: could not create its time-in-state metrics")
             _failed = True
-        return _metrics
+        else:
+            _extra = extra
+        return _created
 
 
 class LaneStats:
@@ -109,22 +149,45 @@ class LaneStats:
 
     Args:
         wd: the lane's watchdog (its spec, mode and would-be false positives).
-        queue, backend, tp_rank: the metric labels.
+        queue, backend: the metric labels.
+        sglang_labels: SGLang's scheduler labels of the process (``model_name``,
+            ``tp_rank``, ...), as the adapter's counters carry them.
+        tp_rank: the ``tp_rank`` label when *sglang_labels* has none.
         clock: the lane's clock.
     """
 
-    __slots__ = ("_due", "_exporter", "backend", "clock", "queue", "rank", "wd")
+    __slots__ = (
+        "_completed",
+        "_due",
+        "_sent",
+        "backend",
+        "clock",
+        "labels",
+        "queue",
+        "wd",
+    )
 
     def __init__(
-        self, wd: Watchdog[Any], queue: str, backend: str, tp_rank: object, clock: Any
+        self,
+        wd: Watchdog[Any],
+        queue: str,
+        backend: str,
+        tp_rank: object,
+        clock: Any,
+        sglang_labels: Mapping[str, str] | None = None,
     ) -> None:
         self.wd = wd
         self.queue = queue
         self.backend = backend
-        self.rank = str(tp_rank)
         self.clock = clock
+        known = dict(sglang_labels or {})
+        known.setdefault("tp_rank", "" if tp_rank is None else str(tp_rank))
+        #: every label after ``state``, by name (read when the metrics exist)
+        self.labels = known
         self._due = -math.inf
-        self._exporter: StatisticsExporter | None = None
+        # per state: ladder-bucket counts and sum already exported
+        self._sent: dict[str, tuple[list[int], float]] = {}
+        self._completed: dict[str, int] = {}
 
     def tick(self, now: float) -> None:
         """Export if :data:`EXPORT_PERIOD` passed since the last export (queue loop)."""
@@ -134,18 +197,70 @@ class LaneStats:
 
     def export(self) -> None:
         """Add what was recorded since the last export to the Prometheus metrics."""
-        metrics = _metrics if _metrics is not None else _create()
+        metrics = _created if _created is not None else _create()
         if metrics is None:
             return
         try:
-            if self._exporter is None:
-                self._exporter = StatisticsExporter(
-                    metrics["seconds"],
-                    labels={"queue": self.queue, "backend": self.backend, "tp_rank": self.rank},
-                    deadline=metrics["deadline"],
-                    deadline_labels={"queue": self.queue, "backend": self.backend},
-                    completed=metrics["completed"],
-                )
-            self._exporter.export(self.wd.statistics())
+            self._export(metrics)
         except Exception:  # a metrics problem must never break the scheduler loop
             log.exception("stallguard-sglang: could not export time-in-state metrics")
+
+    def _values(self, state: str) -> list[str]:
+        return [
+            self.queue,
+            self.backend,
+            state,
+            *(str(self.labels.get(name, "")) for name in _extra),
+        ]
+
+    def _export(self, metrics: dict[str, Any]) -> None:
+        stats = self.wd.statistics()
+        for label, summary in self.wd.snapshot(requests=False).states.items():
+            age = summary.oldest_age
+            metrics["oldest"].labels(*self._values(label)).set(age or 0.0)
+        for label, s in stats.states.items():
+            self._export_state(metrics, label, s)
+            done = s.fired_completed
+            before = self._completed.get(label, 0)
+            if done > before:
+                metrics["completed"].labels(*self._values(label)).inc(done - before)
+                self._completed[label] = done
+
+    def _export_state(self, metrics: dict[str, Any], label: str, s: StateStatistics) -> None:
+        """Add one state's new stays to the histogram (and set its deadline gauge once)."""
+        dist = s.distribution
+        sent = self._sent.get(label)
+        if sent is None:
+            sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
+            if s.deadline is not None:  # no deadline: no series (not 0)
+                metrics["deadline"].labels(*self._values(label)).set(s.deadline)
+        elif sum(sent[0]) == dist.count:
+            return  # nothing new in this state
+        fine = dist.counts
+        counts = [sum(fine[a:b]) for a, b in _SLICES]
+        child = metrics["seconds"].labels(*self._values(label))
+        _add(child, counts, sent[0], dist.total - sent[1])
+        self._sent[label] = (counts, dist.total)
+
+
+def _add(child: Any, counts: list[int], sent: list[int], total: float) -> None:
+    """Add ``counts - sent`` per bucket, and *total* to the sum, to a prometheus_client
+    histogram child. prometheus_client has no public bulk add: this uses the child's
+    per-bucket values (``_buckets``, ``_sum``: the same ``inc`` its ``observe()`` calls,
+    in its multiprocess files too); without them it observes each value at its bucket's
+    upper bound."""
+    buckets = getattr(child, "_buckets", None)
+    total_value = getattr(child, "_sum", None)
+    exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
+    for i, (now, before) in enumerate(zip(counts, sent, strict=True)):
+        delta = now - before
+        if delta <= 0:
+            continue
+        if exact:
+            buckets[i].inc(delta)  # type: ignore[index]
+        else:  # pragma: no cover - a prometheus_client without the internals
+            bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
+            for _ in range(delta):
+                child.observe(bound)
+    if exact and total > 0:
+        total_value.inc(total)  # type: ignore[union-attr]

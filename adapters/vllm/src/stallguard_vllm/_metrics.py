@@ -5,12 +5,21 @@ as KV-connector stats: the scheduler calls ``connector.get_kv_connector_stats()`
 step (``Scheduler.update_from_output``), ships the stats' ``data`` dict to the frontend
 with the scheduler stats, and the frontend rebuilds them with the connector class's
 ``build_kv_connector_stats`` and records them through its ``build_prom_metrics``. The
-stallguard connectors plug into those three hooks, so the counters appear next to
-vLLM's ``vllm:nixl_*`` metrics, with vLLM's engine labels plus ``phase``:
+stallguard connectors plug into those three hooks, so the metrics appear next to
+vLLM's ``vllm:nixl_*`` metrics, with vLLM's engine labels (``model_name``, ``engine``)
+first, then stallguard's (the vocabulary stallguard-sglang uses too: ``state``,
+``reason``):
 
-* ``vllm:stallguard_forced_failures_total{phase=...}`` - requests failed (enforce);
-* ``vllm:stallguard_stalls_reported_total{phase=...}`` - overdue in report mode (and
-  every ``Queued`` overstay, which is always report-only);
+* ``vllm:stallguard_forced_failures_total{state=...,reason=...}`` - requests failed
+  (enforce); ``reason`` is ``state`` (a phase deadline) or ``stall``. The 0.1 label
+  ``phase`` (the same value as ``state``) is kept for the 0.1.x releases and goes in 0.2;
+* ``vllm:stallguard_stalls_reported_total{state=...,reason=...}`` - overdue in report
+  mode (and every ``Queued`` overstay, which is always report-only); ``phase`` as above;
+* ``vllm:stallguard_state_seconds`` (histogram, ``state``): seconds a request stayed in
+  a phase, buckets ``stallguard._stats.LADDER`` (as stallguard-sglang's), for advise;
+* ``vllm:stallguard_deadline_seconds{state=...}`` (gauge) - the phase deadline in force
+  (no series for a phase without one), and ``vllm:stallguard_oldest_age_seconds`` - the
+  oldest request in the phase now (0: none);
 * ``vllm:stallguard_quarantined_blocks{peer=...}``, ``vllm:stallguard_quarantined_bytes``
   and ``vllm:stallguard_quarantine_overdue`` (gauges) - the blocks of failed requests
   held until NIXL reports their transfers over, per prefill engine id, and how many of
@@ -19,6 +28,7 @@ vLLM's ``vllm:nixl_*`` metrics, with vLLM's engine labels plus ``phase``:
 
 from __future__ import annotations
 
+import math
 from collections import Counter as _Counter
 from typing import Any
 
@@ -28,26 +38,38 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
     NixlPromMetrics,
 )
 
+from stallguard.adapters import LADDER
+
+from ._names import (
+    DEADLINE,
+    FORCED_FAILURES,
+    OLDEST_AGE,
+    QUARANTINE_OVERDUE,
+    QUARANTINED_BLOCKS,
+    QUARANTINED_BYTES,
+    STALLS_REPORTED,
+    STATE_SECONDS,
+)
+
 __all__ = [
+    "DEADLINE",
     "FORCED_FAILURES",
+    "OLDEST_AGE",
     "QUARANTINED_BLOCKS",
     "QUARANTINED_BYTES",
     "QUARANTINE_OVERDUE",
     "STALLS_REPORTED",
+    "STATE_SECONDS",
     "StallguardNixlPromMetrics",
     "StallguardNixlStats",
+    "StallguardSeries",
+    "add_to_histogram",
     "stats_with_counts",
 ]
 
-#: Counter name (``_total`` is appended by prometheus_client).
-FORCED_FAILURES = "vllm:stallguard_forced_failures"
-#: Counter name (``_total`` is appended by prometheus_client).
-STALLS_REPORTED = "vllm:stallguard_stalls_reported"
-#: Gauge names: quarantined blocks and bytes, and overdue holds, per peer.
-QUARANTINED_BLOCKS = "vllm:stallguard_quarantined_blocks"
-QUARANTINED_BYTES = "vllm:stallguard_quarantined_bytes"
-QUARANTINE_OVERDUE = "vllm:stallguard_quarantine_overdue"
 _KEYS = {"forced": "stallguard_forced", "reported": "stallguard_reported"}
+#: data key: a list of time-in-state exports (PhaseTracker.take_stays), oldest first
+_STAYS = "stallguard_stays"
 #: data key: a list of quarantine snapshots (each ``[[peer, holds, blocks, bytes,
 #: overdue], ...]``), the last one current
 _QUARANTINE = "stallguard_quarantine"
@@ -60,6 +82,7 @@ class StallguardNixlStats(NixlKVConnectorStats):
         super().reset()
         self.data["stallguard_forced"] = []
         self.data["stallguard_reported"] = []
+        self.data[_STAYS] = []
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,6 +94,7 @@ class StallguardNixlStats(NixlKVConnectorStats):
             super().is_empty()
             and not any(self.data.get(k) for k in _KEYS.values())
             and not self.data.get(_QUARANTINE)
+            and not self.data.get(_STAYS)
         )
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
@@ -91,58 +115,69 @@ class StallguardNixlStats(NixlKVConnectorStats):
 
 def stats_with_counts(
     stats: KVConnectorStats | None,
-    counts: _Counter[tuple[str, str]] | None,
+    counts: _Counter[tuple[str, str, str]] | None,
     quarantine: list[list[Any]] | None = None,
+    stays: list[list[Any]] | None = None,
 ) -> KVConnectorStats | None:
     """*stats* (vLLM's, possibly None) as :class:`StallguardNixlStats`, with *counts*
-    (``(kind, phase) -> n``; kinds other than forced/reported are not exported as
-    counters) appended and the *quarantine* snapshot (see
-    :meth:`PhaseTracker.take_quarantine`); None when there is nothing to report."""
+    (``(kind, phase, reason) -> n``; kinds other than forced/reported are not exported
+    as counters) appended as ``[phase, reason]`` entries, the *quarantine* snapshot (see
+    :meth:`PhaseTracker.take_quarantine`) and the time-in-state export *stays*
+    (:meth:`PhaseTracker.take_stays`); None when there is nothing to report."""
     exported = {k: n for k, n in (counts or {}).items() if k[0] in _KEYS}
     if (
         not exported
         and quarantine is None
+        and stays is None
         and (stats is None or isinstance(stats, StallguardNixlStats))
     ):
         return stats
     out = StallguardNixlStats(data=dict(stats.data)) if stats is not None else StallguardNixlStats()
-    for (kind, phase), n in exported.items():
-        out.data[_KEYS[kind]].extend([phase] * n)
+    for (kind, phase, *rest), n in exported.items():
+        reason = rest[0] if rest else "state"
+        out.data[_KEYS[kind]].extend([[phase, reason]] * n)
     if quarantine is not None:
         out.data.setdefault(_QUARANTINE, []).append(quarantine)
+    if stays is not None:
+        out.data.setdefault(_STAYS, []).append(stays)
     return out
 
 
-class StallguardNixlPromMetrics(NixlPromMetrics):
-    """vLLM's NIXL Prometheus metrics plus stallguard's two counters."""
+def _entry(value: Any) -> tuple[str, str]:
+    """A shipped expiry entry as ``(phase, reason)`` (0.1 shipped the phase alone)."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return str(value[0]), str(value[1])
+    return str(value), "state"
+
+
+class StallguardSeries:
+    """stallguard's Prometheus series on vLLM's metric classes (what ``observe`` of the
+    connectors' ``KVConnectorPromMetrics`` adds): the two counters (``state``,
+    ``reason``, and the 0.1 label ``phase``), the quarantine gauges per peer, time in
+    state, the deadline and the oldest age per state."""
 
     def __init__(
-        self,
-        vllm_config: Any,
-        metric_types: dict[type, type],
-        labelnames: list[str],
-        per_engine_labelvalues: dict[int, list[object]],
+        self, counter_cls: Any, gauge_cls: Any, histogram_cls: Any, labelnames: list[str]
     ) -> None:
-        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        names = [*labelnames, "phase"]
-        self._sg_counters = {
-            "stallguard_forced": self._counter_cls(
+        # "phase": the 0.1 label (the value of "state"), kept for the 0.1.x releases
+        names = [*labelnames, "state", "reason", "phase"]
+        self.counters = {
+            "stallguard_forced": counter_cls(
                 name=FORCED_FAILURES,
                 documentation="Disaggregated requests stallguard failed for overstaying "
                 "a per-phase deadline (through vLLM's failed-receive path).",
                 labelnames=names,
             ),
-            "stallguard_reported": self._counter_cls(
+            "stallguard_reported": counter_cls(
                 name=STALLS_REPORTED,
                 documentation="Disaggregated requests stallguard found overdue and only "
                 "reported (report mode, or the Queued phase).",
                 labelnames=names,
             ),
         }
-
         peer_names = [*labelnames, "peer"]
-        self._sg_gauges = [
-            self._gauge_cls(
+        self.gauges = [
+            gauge_cls(
                 name=name,
                 documentation=doc,
                 labelnames=peer_names,
@@ -151,8 +186,8 @@ class StallguardNixlPromMetrics(NixlPromMetrics):
             for name, doc in (
                 (
                     QUARANTINED_BLOCKS,
-                    "KV blocks of failed requests stallguard holds until NIXL reports "
-                    "every transfer into them over, by prefill engine id.",
+                    "KV blocks of failed requests stallguard holds until the connector "
+                    "reports every transfer into them over, by prefill engine id.",
                 ),
                 (QUARANTINED_BYTES, "Bytes of those blocks, by prefill engine id."),
                 (
@@ -163,23 +198,100 @@ class StallguardNixlPromMetrics(NixlPromMetrics):
             )
         ]
         #: engine_idx -> peers with a non-zero gauge (set to 0 when they leave)
-        self._sg_peers: dict[int, set[str]] = {}
+        self.peers: dict[int, set[str]] = {}
+        state_names = [*labelnames, "state"]
+        self.seconds = histogram_cls(
+            name=STATE_SECONDS,
+            documentation="Seconds a disaggregated request stayed in a stallguard phase "
+            "(recorded when it left the phase).",
+            labelnames=state_names,
+            buckets=[*LADDER, math.inf],
+        )
+        self.deadline = gauge_cls(
+            name=DEADLINE,
+            documentation="The stallguard phase deadline in force, seconds (no series: "
+            "the phase has no deadline).",
+            labelnames=state_names,
+            multiprocess_mode="mostrecent",
+        )
+        self.oldest = gauge_cls(
+            name=OLDEST_AGE,
+            documentation="Age of the oldest request in a stallguard phase now, seconds "
+            "(0: none in it).",
+            labelnames=state_names,
+            multiprocess_mode="mostrecent",
+        )
 
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        super().observe(transfer_stats_data, engine_idx)
-        labels = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
-        for key, counter in self._sg_counters.items():
-            for phase in transfer_stats_data.get(key, ()):
-                counter.labels(*labels, str(phase)).inc()
-        snapshots = transfer_stats_data.get(_QUARANTINE)
+    def observe(self, labels: list[str], data: dict[str, Any], engine_idx: int) -> None:
+        """Add what one stats ``data`` dict carries (see :func:`stats_with_counts`)."""
+        for key, counter in self.counters.items():
+            for value in data.get(key, ()):
+                phase, reason = _entry(value)
+                counter.labels(*labels, phase, reason, phase).inc()
+        for export in data.get(_STAYS) or ():
+            self._observe_stays(labels, export)
+        snapshots = data.get(_QUARANTINE)
         if snapshots:
             now: dict[str, tuple[int, int, int]] = {
                 str(r[0]): (int(r[2]), int(r[3]), int(r[4])) for r in snapshots[-1]
             }
-            before = self._sg_peers.get(engine_idx, set())
+            before = self.peers.get(engine_idx, set())
             for peer in before - set(now):
                 now[peer] = (0, 0, 0)
             for peer, values in now.items():
-                for gauge, value in zip(self._sg_gauges, values, strict=True):
+                for gauge, value in zip(self.gauges, values, strict=True):
                     gauge.labels(*labels, peer).set(value)
-            self._sg_peers[engine_idx] = {p for p, v in now.items() if any(v)}
+            self.peers[engine_idx] = {p for p, v in now.items() if any(v)}
+
+    def _observe_stays(self, labels: list[str], rows: list[list[Any]]) -> None:
+        """Add one time-in-state export (``[phase, counts, seconds, deadline, oldest]``
+        rows) to the histogram and set the gauges."""
+        for phase, counts, seconds, deadline, oldest in rows:
+            child = self.seconds.labels(*labels, str(phase))
+            add_to_histogram(child, [int(c) for c in counts], float(seconds))
+            if deadline is not None:
+                self.deadline.labels(*labels, str(phase)).set(float(deadline))
+            self.oldest.labels(*labels, str(phase)).set(float(oldest))
+
+
+class StallguardNixlPromMetrics(NixlPromMetrics):
+    """vLLM's NIXL Prometheus metrics plus stallguard's series (:class:`StallguardSeries`)."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._sg = StallguardSeries(
+            self._counter_cls, self._gauge_cls, self._histogram_cls, labelnames
+        )
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        super().observe(transfer_stats_data, engine_idx)
+        labels = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
+        self._sg.observe(labels, transfer_stats_data, engine_idx)
+
+
+def add_to_histogram(child: Any, counts: list[int], total: float) -> None:
+    """Add *counts* per bucket (ladder then +Inf) and *total* to a prometheus_client
+    histogram child. prometheus_client has no public bulk add: this uses the child's
+    per-bucket values (``_buckets``, ``_sum``, what its ``observe()`` increments);
+    without them (a wrapped histogram) it observes each stay at its bucket's bound.
+    (stallguard-sglang's ``_stats_export._add`` does the same for SGLang.)"""
+    buckets = getattr(child, "_buckets", None)
+    total_value = getattr(child, "_sum", None)
+    exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
+    for i, n in enumerate(counts):
+        if n <= 0:
+            continue
+        if exact:
+            buckets[i].inc(n)  # type: ignore[index]
+        else:  # pragma: no cover - a histogram without prometheus_client's internals
+            bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
+            for _ in range(n):
+                child.observe(bound)
+    if exact and total > 0:
+        total_value.inc(total)  # type: ignore[union-attr]

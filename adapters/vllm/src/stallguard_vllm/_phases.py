@@ -45,12 +45,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallguard import Hold, Quarantine, Spec, Watchdog
+from stallguard.adapters import BOUNDS, LADDER
 
 from ._config import Config
 
 __all__ = [
     "ABORTED_HELD",
     "DONE",
+    "EXPORT_PERIOD",
+    "GEN_AI_REQUEST_ID",
     "HELD_FOR_READ",
     "QUARANTINED",
     "QUEUED",
@@ -65,6 +68,8 @@ ABORTED_HELD = "AbortedHeld"
 HELD_FOR_READ = "HeldForRead"
 QUARANTINED = "Quarantined"
 DONE = "Done"
+#: vLLM's request id under the name vLLM's own spans give it (``SpanAttributes``)
+GEN_AI_REQUEST_ID = "gen_ai.request.id"
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,13 @@ class Orders:
 
 
 _NO_ORDERS = Orders()
+
+#: Seconds between two time-in-state exports (:meth:`PhaseTracker.take_stays`).
+EXPORT_PERIOD = 1.0
+# ladder bucket j = the fine buckets BOUNDS[a:b] (every ladder value is one of BOUNDS);
+# the same reduction stallguard-sglang's export makes (its _stats_export.py)
+_ENDS = (*(BOUNDS.index(v) + 1 for v in LADDER), len(BOUNDS))
+_SLICES: tuple[tuple[int, int], ...] = tuple(zip((0, *_ENDS[:-1]), _ENDS, strict=True))
 
 
 class PhaseTracker:
@@ -133,6 +145,7 @@ class PhaseTracker:
             clock=clock,
             mode=config.mode,
             memory=1 << 16,
+            statistics=True,  # time in state on /metrics (take_stays), for advise
         )
         # Report-only prefill holds, for a connector that cannot release one safely
         self.holds: Watchdog[str] | None = None
@@ -153,6 +166,7 @@ class PhaseTracker:
             clock=clock,
             mode="report",
             memory=1 << 16,
+            statistics=True,
         )
         #: failed (or aborted) requests' blocks, held until their transfer ends
         self.quarantine: Quarantine[str] = Quarantine(
@@ -165,8 +179,12 @@ class PhaseTracker:
         #: (kind, phase) -> count, kind ``"forced"``, ``"reported"`` or
         #: ``"quarantine_overdue"``; since start.
         self.counts: Counter[tuple[str, str]] = Counter()
-        #: the same, since the last :meth:`take_counts` (what the metrics export).
-        self._unexported: Counter[tuple[str, str]] = Counter()
+        #: (kind, phase, reason) -> count since the last :meth:`take_counts` (what the
+        #: metrics export; reason: the expiry's, ``state`` or ``stall``).
+        self._unexported: Counter[tuple[str, str, str]] = Counter()
+        #: per phase: ladder-bucket counts and sum already exported (take_stays)
+        self._stays_sent: dict[str, tuple[list[int], float]] = {}
+        self._stays_due = -float("inf")
 
     # ------------------------------------------------------------------ phase changes
 
@@ -242,13 +260,13 @@ class PhaseTracker:
         two clock reads and two comparisons."""
         if now is None:
             now = self.clock()
-        for _ in self.queue.check(now):
-            self._count("reported", QUEUED)
+        for expiry in self.queue.check(now):
+            self._count("reported", QUEUED, expiry.reason)
         for _ in self.quarantine.check(now):
-            self._count("quarantine_overdue", QUARANTINED)
+            self._count("quarantine_overdue", QUARANTINED, "state")
         if self.holds is not None:
-            for _ in self.holds.check(now):
-                self._count("reported", HELD_FOR_READ)
+            for expiry in self.holds.check(now):
+                self._count("reported", HELD_FOR_READ, expiry.reason)
         expiries = self.transfers.check(now)
         if not expiries:
             return _NO_ORDERS
@@ -257,7 +275,7 @@ class PhaseTracker:
         kind = "forced" if self.enforce else "reported"
         for expiry in expiries:
             phase = str(expiry.state)
-            self._count(kind, phase)
+            self._count(kind, phase, expiry.reason)
             if not self.enforce:
                 continue
             rid = expiry.key
@@ -272,11 +290,40 @@ class PhaseTracker:
             return _NO_ORDERS
         return Orders(frozenset(fail), frozenset(release))
 
-    def take_counts(self) -> Counter[tuple[str, str]]:
-        """The counts since the last call (for vLLM's connector stats), then reset."""
+    def take_counts(self) -> Counter[tuple[str, str, str]]:
+        """The counts since the last call, ``(kind, phase, reason) -> n`` (for vLLM's
+        connector stats), then reset."""
         out = self._unexported
         self._unexported = Counter()
         return out
+
+    def take_stays(self, now: float | None = None) -> list[list[Any]] | None:
+        """Time in state for the metrics, at most once per :data:`EXPORT_PERIOD`: one
+        row per phase, ``[phase, counts, seconds, deadline, oldest_age]``, *counts* the
+        stays recorded since the last export per ladder bucket
+        (``stallguard._stats.LADDER`` then +Inf), *seconds* their sum, *deadline* the
+        phase deadline (None: none), *oldest_age* the oldest request in the phase now
+        (0: none). None between exports (cheap: one comparison)."""
+        if now is None:
+            now = self.clock()
+        if now < self._stays_due:
+            return None
+        self._stays_due = now + EXPORT_PERIOD
+        rows: list[list[Any]] = []
+        for wd in (self.queue, self.transfers):
+            ages = {
+                label: summary.oldest_age or 0.0
+                for label, summary in wd.snapshot(requests=False, now=now).states.items()
+            }
+            for label, st in wd.statistics().states.items():
+                dist = st.distribution
+                fine = dist.counts
+                counts = [sum(fine[a:b]) for a, b in _SLICES]
+                sent, total = self._stays_sent.get(label, ([0] * len(counts), 0.0))
+                delta = [c - b for c, b in zip(counts, sent, strict=True)]
+                self._stays_sent[label] = (counts, dist.total)
+                rows.append([label, delta, dist.total - total, st.deadline, ages.get(label, 0.0)])
+        return rows
 
     def take_quarantine(self) -> list[list[Any]] | None:
         """The quarantine per peer, ``[[peer, holds, blocks, bytes, overdue], ...]``, if
@@ -314,12 +361,12 @@ class PhaseTracker:
             peer=peer,
             units=blocks,
             nbytes=nbytes,
-            attributes={"vllm.request_id": rid, **self.attributes},
+            attributes={GEN_AI_REQUEST_ID: rid, "vllm.request_id": rid, **self.attributes},
         )
 
-    def _count(self, kind: str, phase: str) -> None:
+    def _count(self, kind: str, phase: str, reason: str) -> None:
         self.counts[(kind, phase)] += 1
-        self._unexported[(kind, phase)] += 1
+        self._unexported[(kind, phase, reason)] += 1
 
     def _annotate(
         self,
@@ -328,5 +375,10 @@ class PhaseTracker:
         side: str,
         trace_headers: Mapping[str, str] | None,
     ) -> None:
-        attributes = {"vllm.request_id": rid, "vllm.kv_side": side, **self.attributes}
+        attributes = {
+            GEN_AI_REQUEST_ID: rid,
+            "vllm.request_id": rid,  # the 0.1 name, kept one release
+            "vllm.kv_side": side,
+            **self.attributes,
+        }
         wd.annotate(rid, attributes=attributes, trace_parent=trace_headers or None)

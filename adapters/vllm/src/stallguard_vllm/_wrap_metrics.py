@@ -19,15 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
-from ._metrics import (
-    _KEYS,
-    _QUARANTINE,
-    FORCED_FAILURES,
-    QUARANTINE_OVERDUE,
-    QUARANTINED_BLOCKS,
-    QUARANTINED_BYTES,
-    STALLS_REPORTED,
-)
+from ._metrics import _KEYS, _QUARANTINE, _STAYS, StallguardSeries
 
 __all__ = ["INNER_CLASS", "INNER_DATA", "StallguardPromMetrics", "StallguardStats"]
 
@@ -62,13 +54,18 @@ class StallguardStats(KVConnectorStats):
         for key in _KEYS.values():
             self.data[key] = []
         self.data.pop(_QUARANTINE, None)
+        self.data.pop(_STAYS, None)
         inner = _inner_stats(self.data)
         if inner is not None:
             inner.reset()
             self.data[INNER_DATA] = inner.data
 
     def is_empty(self) -> bool:
-        if any(self.data.get(k) for k in _KEYS.values()) or self.data.get(_QUARANTINE):
+        if (
+            any(self.data.get(k) for k in _KEYS.values())
+            or self.data.get(_QUARANTINE)
+            or self.data.get(_STAYS)
+        ):
             return False
         inner = _inner_stats(self.data)
         return inner is None or inner.is_empty()
@@ -77,7 +74,7 @@ class StallguardStats(KVConnectorStats):
         if other.is_empty():
             return self
         data = other.data
-        for key in (*_KEYS.values(), _QUARANTINE):
+        for key in (*_KEYS.values(), _QUARANTINE, _STAYS):
             if data.get(key):
                 self.data.setdefault(key, []).extend(data[key])
         theirs = _inner_stats(data) if isinstance(other, StallguardStats) else other
@@ -103,16 +100,18 @@ class StallguardStats(KVConnectorStats):
 
 def stats_with_counts(
     stats: KVConnectorStats | None,
-    counts: _Counter[tuple[str, str]] | None,
+    counts: _Counter[tuple[str, str, str]] | None,
     quarantine: list[list[Any]] | None = None,
+    stays: list[list[Any]] | None = None,
     *,
     inner_cls: type,
 ) -> KVConnectorStats | None:
     """The inner connector's *stats* (possibly None) as :class:`StallguardStats`, with
-    *counts* (``(kind, phase) -> n``; kinds other than forced/reported are not
-    exported) and the *quarantine* snapshot; None when there is nothing to report."""
+    *counts* (``(kind, phase, reason) -> n``; kinds other than forced/reported are not
+    exported) as ``[phase, reason]`` entries, the *quarantine* snapshot and the
+    time-in-state export *stays*; None when there is nothing to report."""
     exported = {k: n for k, n in (counts or {}).items() if k[0] in _KEYS}
-    if not exported and quarantine is None and stats is None:
+    if not exported and quarantine is None and stays is None and stats is None:
         return None
     if isinstance(stats, StallguardStats):
         out = stats
@@ -121,10 +120,13 @@ def stats_with_counts(
         if stats is not None:
             out.data[INNER_DATA] = stats.data
             out.data[INNER_CLASS] = f"{inner_cls.__module__}:{inner_cls.__qualname__}"
-    for (kind, phase), n in exported.items():
-        out.data.setdefault(_KEYS[kind], []).extend([phase] * n)
+    for (kind, phase, *rest), n in exported.items():
+        reason = rest[0] if rest else "state"
+        out.data.setdefault(_KEYS[kind], []).extend([[phase, reason]] * n)
     if quarantine is not None:
         out.data.setdefault(_QUARANTINE, []).append(quarantine)
+    if stays is not None:
+        out.data.setdefault(_STAYS, []).append(stays)
     return out
 
 
@@ -143,58 +145,13 @@ class StallguardPromMetrics(KVConnectorPromMetrics):
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.inner = inner
-        names = [*labelnames, "phase"]
-        self._sg_counters = {
-            "stallguard_forced": self._counter_cls(
-                name=FORCED_FAILURES,
-                documentation="Disaggregated requests stallguard failed for overstaying "
-                "a per-phase deadline (through vLLM's failed-receive path).",
-                labelnames=names,
-            ),
-            "stallguard_reported": self._counter_cls(
-                name=STALLS_REPORTED,
-                documentation="Disaggregated requests stallguard found overdue and only "
-                "reported (report mode, or the Queued phase).",
-                labelnames=names,
-            ),
-        }
-        peer_names = [*labelnames, "peer"]
-        self._sg_gauges = [
-            self._gauge_cls(
-                name=name, documentation=doc, labelnames=peer_names, multiprocess_mode="mostrecent"
-            )
-            for name, doc in (
-                (
-                    QUARANTINED_BLOCKS,
-                    "KV blocks of failed requests stallguard holds until the connector "
-                    "reports every transfer into them over, by prefill engine id.",
-                ),
-                (QUARANTINED_BYTES, "Bytes of those blocks, by prefill engine id."),
-                (
-                    QUARANTINE_OVERDUE,
-                    "Quarantined requests past the Quarantined deadline (their peer has "
-                    "not ended its transfers: see docs/vllm.md for what to do).",
-                ),
-            )
-        ]
-        self._sg_peers: dict[int, set[str]] = {}
+        self._sg = StallguardSeries(
+            self._counter_cls, self._gauge_cls, self._histogram_cls, labelnames
+        )
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         inner = transfer_stats_data.get(INNER_DATA)
         if self.inner is not None and inner:
             self.inner.observe(inner, engine_idx)
         labels = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
-        for key, counter in self._sg_counters.items():
-            for phase in transfer_stats_data.get(key, ()):
-                counter.labels(*labels, str(phase)).inc()
-        snapshots = transfer_stats_data.get(_QUARANTINE)
-        if snapshots:
-            now: dict[str, tuple[int, int, int]] = {
-                str(r[0]): (int(r[2]), int(r[3]), int(r[4])) for r in snapshots[-1]
-            }
-            for peer in self._sg_peers.get(engine_idx, set()) - set(now):
-                now[peer] = (0, 0, 0)
-            for peer, values in now.items():
-                for gauge, value in zip(self._sg_gauges, values, strict=True):
-                    gauge.labels(*labels, peer).set(value)
-            self._sg_peers[engine_idx] = {p for p, v in now.items() if any(v)}
+        self._sg.observe(labels, transfer_stats_data, engine_idx)

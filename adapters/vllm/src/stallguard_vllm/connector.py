@@ -620,7 +620,11 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
         if sg is None:
             return stats_with_counts(stats, None, inner_cls=type(self._sg_inner))
         return stats_with_counts(
-            stats, sg.take_counts(), sg.take_quarantine(), inner_cls=type(self._sg_inner)
+            stats,
+            sg.take_counts(),
+            sg.take_quarantine(),
+            sg.take_stays(),
+            inner_cls=type(self._sg_inner),
         )
 
     @classmethod
