@@ -81,3 +81,14 @@ class WatchdogOptions:
                 "mode, unknown_state, memory, clock, statistics"
             )
         return attrs.evolve(self, **changes)
+
+
+def resolve(options: object, **given: Any) -> WatchdogOptions:
+    """The ``Watchdog`` constructor's options: *options* (None: the defaults) with the
+    keyword arguments that are not None (*given*) overriding its fields."""
+    if options is None:
+        options = WatchdogOptions()
+    elif not isinstance(options, WatchdogOptions):
+        raise ConfigError(f"options must be a stallguard.WatchdogOptions, got {options!r}")
+    given = {name: value for name, value in given.items() if value is not None}
+    return options.evolve(**given) if given else options

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._details import Expiry
     from ._watchdog import Watchdog
 
-__all__ = ["active_hooks", "invalidate", "live_watchdogs", "register_watchdog"]
+__all__ = ["active_hooks", "invalidate", "live_watchdogs", "register_watchdog", "resolved"]
 
 Hook = Callable[["Expiry[Any]"], object]
 
@@ -30,6 +30,10 @@ resolver: Callable[[], tuple[Hook, ...]] | None = None
 # Called with each new watchdog (enable_metrics() installs its listeners with it).
 on_register: Callable[[Watchdog[Any]], None] | None = None
 _watchdogs: weakref.WeakSet[Watchdog[Any]] = weakref.WeakSet()
+# Set by stallguard.instrumentation: whether resolving the hooks now costs no import that
+# a process whose requests never expire would not pay (then a new watchdog resolves them,
+# so that its first expiry does not).
+cheap_to_resolve: Callable[[], bool] | None = None
 
 
 def active_hooks() -> tuple[Hook, ...]:
@@ -42,6 +46,11 @@ def active_hooks() -> tuple[Hook, ...]:
         if _active is None:
             _active = () if resolver is None else resolver()
         return _active
+
+
+def resolved() -> bool:
+    """Whether the hooks are resolved (a check resolves them before its clock reading)."""
+    return _active is not None
 
 
 def invalidate() -> None:
@@ -57,6 +66,8 @@ def register_watchdog(watchdog: Watchdog[Any]) -> None:
         _watchdogs.add(watchdog)
         if on_register is not None:
             on_register(watchdog)
+        if _active is None and cheap_to_resolve is not None and cheap_to_resolve():
+            active_hooks()
 
 
 def live_watchdogs() -> list[Watchdog[Any]]:

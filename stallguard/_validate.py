@@ -10,21 +10,29 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from ._errors import ConfigError
+from ._errors import ClockError, ConfigError
 
 __all__ = [
     "MODES",
     "UNKNOWN_STATE",
     "DEFAULT_MEMORY",
     "SHOW_LIMIT",
+    "check_at",
     "check_seconds",
+    "check_time",
     "choice",
     "did_you_mean",
     "digits",
+    "expire_hooks",
+    "listener_args",
     "shorten",
+    "unhashable",
 ]
+
+_INF = math.inf
 
 #: The watchdog modes, in the order docs list them.
 MODES = ("enforce", "report")
@@ -141,3 +149,104 @@ def _show(value: object) -> str:
     except Exception:  # a repr that fails (or recurses too deeply)
         text = f"<{type(value).__name__} object>"
     return text if len(text) <= SHOW_LIMIT else text[: SHOW_LIMIT - 3] + "..."
+
+
+# ------------------------------------------------------------- the watchdog's arguments
+
+
+def check_time(name: str, value: Any) -> float:
+    """*value* as a time on the watchdog's clock: a finite real number.
+
+    Raises:
+        TypeError: if it is not a real number (bools are not).
+        ValueError: if it is NaN, infinite, or an int too large for a float.
+    """
+    if value.__class__ is not float and (
+        value.__class__ is bool or not isinstance(value, (int, float))
+    ):
+        raise TypeError(
+            f"{name} must be a time in seconds on the watchdog's clock, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    try:
+        if math.isfinite(value):
+            return float(value)
+    except OverflowError:  # an int too large for a float
+        pass
+    raise ValueError(f"{name} must be a finite time on the watchdog's clock, got {value!r}")
+
+
+def check_at(at: Any, now: float) -> float:
+    """*at* as a start time: a finite number not later than *now*."""
+    if at.__class__ is float and -_INF < at < _INF and at <= now:
+        return at  # the common case, first
+    at = check_time("at", at)
+    if not at <= now:
+        raise ValueError(f"at={at!r} is later than the watchdog clock's now ({now!r})")
+    return at  # type: ignore[no-any-return]
+
+
+def unhashable(key: object) -> TypeError:
+    """The error for a request key that cannot be a dict key."""
+    return TypeError(f"a request key must be hashable, got {key!r} ({type(key).__name__})")
+
+
+def expire_hooks(on_expire: object) -> tuple[Callable[..., object], ...]:
+    """A watchdog's ``on_expire`` (None, a callable, or an iterable of callables) as a
+    tuple of callables."""
+    if on_expire is None:
+        return ()
+    if callable(on_expire):
+        return (on_expire,)
+    if isinstance(on_expire, Iterable) and not isinstance(on_expire, (str, bytes)):
+        hooks = tuple(on_expire)
+        for hook in hooks:
+            if not callable(hook):
+                raise ConfigError(f"on_expire must hold callables, got {hook!r}")
+        return hooks
+    raise ConfigError(f"on_expire must be a callable or a sequence of callables, got {on_expire!r}")
+
+
+def listener_args(**functions: object) -> None:
+    """``add_listener``'s arguments: each callable or None, at least one given."""
+    for name, fn in functions.items():
+        if fn is not None and not callable(fn):
+            raise ConfigError(f"add_listener({name}=...) must be callable, got {fn!r}")
+    if all(fn is None for fn in functions.values()):
+        raise ConfigError(
+            "add_listener() needs at least one of on_expire, on_leave, on_earlier_deadline"
+        )
+
+
+def clock_reading(spec: str, clock: object, reading: Any) -> float:
+    """A watchdog clock's *reading* as a float: a finite real number, else the
+    :class:`~stallguard.ClockError` naming the spec, the clock and the reading."""
+    t = reading
+    if t.__class__ is not float:
+        if t.__class__ is bool or not isinstance(t, (int, float)):
+            raise ClockError(spec, clock, reading, f"{_show(t)} ({type(t).__name__})")
+        try:
+            t = float(t)
+        except OverflowError:
+            raise ClockError(
+                spec, clock, reading, f"{_show(reading)}, which is too large for a float"
+            ) from None
+    if not -_INF < t < _INF:
+        raise ClockError(spec, clock, reading, f"{t!r} ({type(reading).__name__})")
+    return t
+
+
+def check_annotations(attributes: object, trace_links: object) -> tuple[Any, ...] | None:
+    """``annotate()``'s *attributes* (None, or a mapping with string keys) checked, and
+    its *trace_links* (None, or an iterable that is not a string) as a tuple."""
+    if attributes is not None:
+        if not isinstance(attributes, Mapping):
+            raise TypeError(f"attributes must be a mapping, got {attributes!r}")
+        for name in attributes:
+            if not isinstance(name, str):
+                raise TypeError(f"attribute names must be strings, got {name!r}")
+    if trace_links is None:
+        return None
+    if isinstance(trace_links, (str, bytes)) or not isinstance(trace_links, Iterable):
+        raise TypeError(f"trace_links must be an iterable, got {trace_links!r}")
+    return tuple(trace_links)

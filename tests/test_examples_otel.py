@@ -42,6 +42,7 @@ def test_otel_console_example_prints_the_forced_failure_span():
         "stallguard.state": "Transferring",
         "stallguard.deadline_s": 120.0,
         "stallguard.elapsed_s": 121.0,
+        "stallguard.late_s": 1.0,
         "stallguard.reason": "state",
         "stallguard.mode": "enforce",
         "error.type": "state_deadline_exceeded",

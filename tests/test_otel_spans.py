@@ -81,6 +81,7 @@ def test_forced_failure_span(exporter):
         "stallguard.state": "WaitingForInput",
         "stallguard.deadline_s": 120.0,
         "stallguard.elapsed_s": 121.25,
+        "stallguard.late_s": 1.25,
         "stallguard.reason": "state",
         "stallguard.mode": "enforce",
         "error.type": "state_deadline_exceeded",  # OpenTelemetry's recording-errors convention
@@ -298,3 +299,91 @@ def test_one_span_per_expiry_in_a_batch(exporter):
 def test_tracer_provider_is_validated():
     with pytest.raises(sg.ConfigError, match=r"tracer_provider=.*got 'otel'"):
         si.opentelemetry_on_expire_hook(tracer_provider="otel")
+
+
+def test_two_thousand_expiries_in_one_check_share_one_end_and_exact_deadline_events(exporter):
+    """Issue 22: every span of one check ends at one reading; each starts exactly at its
+    recorded entry or heartbeat and has a deadline event at the deadline instant, to the
+    millisecond, however long 2,000 spans take to emit. (With one wall-clock reading per
+    span, as before, the ends differ: the control below.)"""
+    clock = FakeClock(10_000.0)
+    watchdog = sg.Watchdog(SPEC, clock=clock)
+    expected: dict[str, tuple[float, float]] = {}  # key -> (clock start, deadline)
+    states = ("Bootstrapping", "WaitingForInput", "Transferring")
+    for i in range(2_000):
+        key = f"r{i}"
+        state = states[i % 3]
+        watchdog.observe(key, state)
+        start = clock()
+        if state == "Transferring" and i % 2:
+            clock.advance(0.25)
+            watchdog.heartbeat(key)  # the stall window restarts here
+            start = clock()
+        deadline = {"Bootstrapping": 300.0, "WaitingForInput": 120.0, "Transferring": 30.0}[state]
+        expected[key] = (start, deadline)
+        clock.advance(0.0173 * (1 + i % 7))  # patterned, uneven entry times
+    clock.advance(300.0)
+    now = clock()
+    expiries = watchdog.check()
+    assert len(expiries) == 2_000
+
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2_000
+    (end,) = {span.end_time for span in spans}  # one end for the whole check
+    for span in spans:
+        start, deadline = expected[span.attributes["stallguard.key"]]
+        # instants on the watchdog clock, placed by their distance from the check
+        want_start = end - round((now - start) * 1e9)
+        want_deadline = end - round((now - start - deadline) * 1e9)
+        assert abs(span.start_time - want_start) < 1_000_000
+        (event,) = [e for e in span.events if e.name == si.EVENT_DEADLINE]
+        assert abs(event.timestamp - want_deadline) < 1_000_000
+        assert event.attributes["stallguard.deadline_s"] == deadline
+        assert span.attributes["stallguard.deadline_s"] == deadline
+        assert span.attributes["stallguard.late_s"] == pytest.approx(now - start - deadline)
+    # the deadline events are as spread as the entries were (not all at one instant)
+    assert len({e.timestamp for span in spans for e in span.events}) > 1_000
+
+    # Control: the same spans with a wall-clock reading each (the hook before issue 22)
+    # do not agree on their end.
+    ends = []
+    for _ in expiries:
+        ends.append(time.time_ns())
+        exporter.get_finished_spans()  # some work between two spans, as exporting is
+    assert len(set(ends)) > 1
+
+
+def test_hooks_are_built_before_the_check_reads_the_clock(exporter):
+    """A hook factory built at a process's first expiry (OpenTelemetry's import) runs
+    before the reading the check measures its expiries from, so its time never shifts
+    the spans: here the factory takes 5 s of the watchdog's clock."""
+    clock = FakeClock()
+    built = []
+
+    def slow_factory():
+        clock.advance(5.0)  # what a slow import costs, on the watchdog's clock
+        built.append(clock())
+        return lambda expiry: None
+
+    si.set_on_expire_hooks([si.ExpiryHookFactory(slow_factory)])
+    watchdog = sg.Watchdog(SPEC, clock=clock)
+    watchdog.observe("x", "WaitingForInput")
+    clock.advance(121.0)
+    (expiry,) = watchdog.check()
+    assert built == [126.0]
+    assert expiry.elapsed == 126.0  # measured from a reading after the factory ran
+
+
+def test_default_hooks_are_built_with_the_watchdog_once_opentelemetry_is_imported():
+    """No first-expiry delay: with the default hooks and OpenTelemetry already imported
+    (as here), a new watchdog builds the hooks; a custom factory stays lazy."""
+    from stallguard import _registry
+
+    si.set_on_expire_hooks(None)
+    assert not _registry.resolved()
+    sg.Watchdog(SPEC, clock=FakeClock())
+    assert _registry.resolved()
+
+    si.set_on_expire_hooks([si.ExpiryHookFactory(lambda: lambda expiry: None)])
+    sg.Watchdog(SPEC, clock=FakeClock())
+    assert not _registry.resolved()  # (tests/test_instrumentation.py: lazily, once)

@@ -37,6 +37,7 @@ from ._metrics import (
 )
 from ._otel import (
     ERROR_TYPES,
+    EVENT_DEADLINE,
     INSTRUMENTATION_SCOPE,
     SPAN_FORCED_FAILURE,
     SPAN_STALL_REPORTED,
@@ -47,6 +48,7 @@ from ._otel import (
 __all__ = [
     "DEFAULT_STATE_DURATION_BUCKETS",
     "ERROR_TYPES",
+    "EVENT_DEADLINE",
     "INSTRUMENTATION_SCOPE",
     "METRIC_EXPIRIES",
     "METRIC_OLDEST_AGE",

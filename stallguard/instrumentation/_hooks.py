@@ -14,6 +14,7 @@ Two pieces of process-wide state live here, behind the registry's lock
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
@@ -216,6 +217,15 @@ def _active() -> tuple[ExpiryHook, ...]:
 
 
 _registry.resolver = _active
+
+
+def _cheap_to_resolve() -> bool:
+    """The default hooks, with OpenTelemetry already imported: resolving them imports
+    nothing new (lock held)."""
+    return _configured is None and "opentelemetry.trace" in sys.modules
+
+
+_registry.cheap_to_resolve = _cheap_to_resolve
 
 
 def _set_metrics(

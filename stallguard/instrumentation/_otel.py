@@ -8,6 +8,7 @@ Nothing here imports OpenTelemetry until the first expiry (or an explicit
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ERROR_TYPES",
+    "EVENT_DEADLINE",
     "SPAN_FORCED_FAILURE",
     "SPAN_STALL_REPORTED",
     "OpenTelemetryOnExpireHook",
@@ -32,6 +34,13 @@ log = logging.getLogger("stallguard")
 SPAN_FORCED_FAILURE = "stallguard.forced_failure"
 #: Name of the span emitted for an expiry in ``report`` mode (status unset).
 SPAN_STALL_REPORTED = "stallguard.stall_reported"
+
+#: Name of the span event at the instant the deadline passed (attribute
+#: ``stallguard.deadline_s``); the span's ``stallguard.late_s`` says how long after it
+#: the check found the request.
+EVENT_DEADLINE = "stallguard.deadline"
+#: Watchdog-clock readings closer than this (seconds) belong to one check.
+_SAME_CHECK = 1e-6
 
 #: The OpenTelemetry instrumentation scope of every span and metric.
 INSTRUMENTATION_SCOPE = "stallguard"
@@ -107,13 +116,25 @@ def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
         )
         return None
 
+    # One wall-clock reading per check: every span of the check ends at it, and every
+    # other instant is placed by its distance from the check's reading on the watchdog
+    # clock (start = the recorded entry or heartbeat, the deadline event = start +
+    # deadline). The check's reading is entered_at + elapsed, the same for every expiry
+    # of a check (to rounding: readings closer than _SAME_CHECK are one check).
+    last: list[tuple[float, int]] = [(-math.inf, 0)]
+
+    def end_of(expiry: Expiry[Any]) -> int:
+        checked = expiry.entered_at + expiry.elapsed
+        seen, end_ns = last[0]
+        if abs(checked - seen) > _SAME_CHECK:
+            end_ns = time_ns()
+            last[0] = (checked, end_ns)
+        return end_ns
+
     def emit_span(expiry: Expiry[Any]) -> None:
-        # The watchdog clock (monotonic, or a test's FakeClock) is converted to epoch
-        # time by distance from now: the span ends now, right after the check that
-        # found the expiry, and starts `elapsed` seconds earlier, when the clock that
-        # fired started (state entry, last progress, or first sight).
-        end_ns = time_ns()
-        start_ns = end_ns - int(expiry.elapsed * 1e9)
+        end_ns = end_of(expiry)
+        start_ns = end_ns - round(expiry.elapsed * 1e9)
+        deadline_ns = start_ns + round(expiry.deadline * 1e9)
         parent = expiry.trace_parent
         links = None
         if expiry.trace_links:
@@ -124,6 +145,7 @@ def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
             "stallguard.state": expiry.state_label,
             "stallguard.deadline_s": float(expiry.deadline),
             "stallguard.elapsed_s": float(expiry.elapsed),
+            "stallguard.late_s": float(expiry.elapsed - expiry.deadline),
             "stallguard.reason": expiry.reason,
             "stallguard.mode": expiry.mode,
         }
@@ -139,8 +161,14 @@ def _init_otel_hook(tracer_provider: Any) -> ExpiryHook:
             links=links,
             start_time=start_ns,
         )
-        if enforced and span.is_recording():
-            span.set_status(error, expiry.describe())
+        if span.is_recording():
+            span.add_event(
+                EVENT_DEADLINE,
+                {"stallguard.deadline_s": float(expiry.deadline)},
+                timestamp=deadline_ns,
+            )
+            if enforced:
+                span.set_status(error, expiry.describe())
         span.end(end_time=end_ns)
 
     return emit_span
@@ -154,10 +182,15 @@ def opentelemetry_on_expire_hook(*, tracer_provider: Any = None) -> ExpiryHookFa
     ``stallguard.stall_reported`` with status unset in ``report`` mode. The span is
     back-dated: it starts when the clock that fired started (the state entry for reason
     ``"state"``, the last progress for ``"stall"``, the first sight for ``"lifetime"``)
-    and ends at the check, so its duration is :attr:`~stallguard.Expiry.elapsed`.
+    and ends at the check, so its duration is :attr:`~stallguard.Expiry.elapsed`. Every
+    span of one check ends at the same instant (one wall-clock reading per check), and
+    each carries a ``stallguard.deadline`` event at the instant its deadline passed
+    (start + deadline, attribute ``stallguard.deadline_s``).
 
     Attributes: ``stallguard.spec``, ``stallguard.key`` (``str`` of the key),
     ``stallguard.state``, ``stallguard.deadline_s``, ``stallguard.elapsed_s``,
+    ``stallguard.late_s`` (how long after the deadline the check found it: elapsed less
+    deadline),
     ``stallguard.reason``, ``stallguard.mode``, and on the forced-failure span
     ``error.type`` (:data:`ERROR_TYPES` of the reason), plus the user's attributes from
     :meth:`~stallguard.Watchdog.annotate` (which cannot override stallguard's own).

@@ -1,0 +1,122 @@
+"""Read-only views of a watchdog: :meth:`Watchdog.snapshot`, and the internal
+consistency views its tests use. Each takes the watchdog's lock for a consistent view."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from ._details import Snapshot, StateSummary, TrackedRequest
+from ._fifo import Slot
+from ._validate import check_time
+
+if TYPE_CHECKING:
+    from ._watchdog import Watchdog
+
+__all__ = ["footprint", "in_time_order", "overdue", "snapshot"]
+
+_INF = float("inf")
+
+
+def _summaries(wd: Watchdog[Any], now: float) -> dict[str, StateSummary]:
+    """Per live state: its count and the age of its oldest request (lock held)."""
+    counts: dict[Slot, int] = dict.fromkeys(wd._live, 0)
+    for rec in wd._where.values():
+        counts[rec.slot] += 1
+    # a state without a state deadline has no FIFO: its oldest from the records
+    free = {s: _INF for s in wd._live if s.timer is None and counts[s]}
+    if free:
+        for rec in wd._where.values():
+            since = rec.since
+            if rec.slot in free and since < free[rec.slot]:
+                free[rec.slot] = since
+    states: dict[str, StateSummary] = {}
+    for slot in wd._live:
+        oldest = free.get(slot) if slot.timer is None else slot.oldest()
+        states[slot.label] = StateSummary(
+            state=slot.state,
+            deadline=slot.deadline,
+            count=counts[slot],
+            oldest_age=None if oldest is None else now - oldest,
+        )
+    return states
+
+
+def _requests(wd: Watchdog[Any], now: float) -> tuple[TrackedRequest[Any], ...]:
+    """Every tracked request, oldest state entry first (lock held)."""
+    tracked: list[TrackedRequest[Any]] = []
+    for key, rec in wd._where.items():
+        seconds = rec.slot.seconds
+        tracked.append(
+            TrackedRequest(
+                key=key,
+                state=rec.slot.state,
+                entered_at=rec.since,
+                age=now - rec.since,
+                remaining=None if seconds is None else rec.since + seconds - now,
+            )
+        )
+    tracked.sort(key=lambda r: r.entered_at)
+    return tuple(tracked)
+
+
+def snapshot(wd: Watchdog[Any], requests: bool, now: float | None) -> Snapshot[Any]:
+    """:meth:`Watchdog.snapshot` (documented there)."""
+    if now is not None:
+        now = check_time("now", now)
+    with wd._lock:
+        if now is None:
+            now = wd._read(wd._clock())
+        return Snapshot(
+            spec=wd._spec.name,
+            mode=wd._mode,
+            at=now,
+            states=_summaries(wd, now),
+            requests=_requests(wd, now) if requests else (),
+            tracked=len(wd._where),
+            expired=wd._expired,
+            hook_errors=wd._hook_errors,
+            late_events=wd._late,
+            runner_errors=wd._runner_errors,
+            withdrawn=wd._withdrawn,
+        )
+
+
+def footprint(wd: Watchdog[Any]) -> dict[str, int]:
+    """Sizes of every internal structure (tests: nothing is left behind)."""
+    with wd._lock:
+        sizes = {"tracked": len(wd._where), "remembered": len(wd._gone)}
+        for slot in wd._live:
+            for clock in (slot.timer, slot.stalls):
+                if clock is not None:
+                    sizes[f"{slot.label}.{clock.reason}"] = sum(map(clock.valid, clock.q))
+            sizes[f"{slot.label}.parked"] = len(slot.parked)
+        if wd._life is not None:
+            sizes["lifetime"] = sum(map(wd._life.valid, wd._life.q))
+        sizes["carried"] = len(wd._carry)
+        #: every FIFO entry, stale ones included
+        sizes["entries"] = sum(len(c.q) for c in wd._clocks)
+        return sizes
+
+
+def in_time_order(wd: Watchdog[Any]) -> bool:
+    """Whether every FIFO is in time order, stale entries included (tests: "only the
+    head can be due" rests on it)."""
+    with wd._lock:
+        for clock in wd._clocks:
+            starts = (entry[0] for entry in clock.q)
+            if any(a > b for a, b in itertools.pairwise(starts)):
+                return False
+        return True
+
+
+def overdue(wd: Watchdog[Any], now: float) -> list[tuple[Any, str]]:
+    """Every (key, reason) with a live FIFO entry due at *now*, wherever it is in its
+    FIFO (tests: after a check at *now*, there is none)."""
+    with wd._lock:
+        return [
+            (entry[1].key, clock.reason)
+            for clock in wd._clocks
+            for entry in clock.q
+            if clock.valid(entry) and entry[0] + clock.seconds <= now
+        ]
