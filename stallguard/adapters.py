@@ -67,8 +67,8 @@ def exposition_from_prometheus(
     a new run). What ``advise --prometheus`` reads.
 
     Raises:
-        PrometheusAPIError: the server cannot be reached or answers something else than
-            a ``query_range`` matrix (the message names the URL).
+        ValueError: the server cannot be reached or answers something else than a
+            ``query_range`` matrix (the message names the URL).
     """
     from ._promapi import exposition_from_prometheus as read  # urllib only when used
 
