@@ -16,7 +16,7 @@ first, then stallguard's (the vocabulary stallguard-sglang uses too: ``state``,
 * ``vllm:stallguard_stalls_reported_total{state=...,reason=...}`` - overdue in report
   mode (and every ``Queued`` overstay, which is always report-only); ``phase`` as above;
 * ``vllm:stallguard_state_seconds`` (histogram, ``state``): seconds a request stayed in
-  a phase, buckets ``stallguard._stats.LADDER`` (as stallguard-sglang's), for advise;
+  a phase, buckets ``stallguard.adapters.LADDER`` (as stallguard-sglang's), for advise;
 * ``vllm:stallguard_deadline_seconds{state=...}`` (gauge) - the phase deadline in force
   (no series for a phase without one), and ``vllm:stallguard_oldest_age_seconds`` - the
   oldest request in the phase now (0: none);

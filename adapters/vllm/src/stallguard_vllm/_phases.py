@@ -301,7 +301,7 @@ class PhaseTracker:
         """Time in state for the metrics, at most once per :data:`EXPORT_PERIOD`: one
         row per phase, ``[phase, counts, seconds, deadline, oldest_age]``, *counts* the
         stays recorded since the last export per ladder bucket
-        (``stallguard._stats.LADDER`` then +Inf), *seconds* their sum, *deadline* the
+        (``stallguard.adapters.LADDER`` then +Inf), *seconds* their sum, *deadline* the
         phase deadline (None: none), *oldest_age* the oldest request in the phase now
         (0: none). None between exports (cheap: one comparison)."""
         if now is None:
