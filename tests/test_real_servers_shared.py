@@ -121,14 +121,25 @@ def test_healthy_requests_before_and_new_requests_after_are_served(run: Results)
 
 
 def test_without_stallguard_the_request_stays_pinned_and_the_client_hangs(run: Results) -> None:
+    """The control. Its evidence is the client's and the counters': the request hangs
+    from the freeze until the thaw, well past the deadline, and nothing fails it. The
+    inflight gauge is checked only when it moved: SGLang refreshes it when the prefill
+    logs a batch, and in one run at load 3-7 (2026-12-02) the frozen request's gauge
+    never left 0 although the client hung for 29 s and was answered only after the thaw
+    (where the request then waited is not exported)."""
     arm = _arm(run, "without")
     obs = arm["fault"]["observation"]
-    assert obs["inflight"] >= 1, obs
-    assert obs["client_waiting"] == 1.0
-    entered, thaw = arm["events"]["inflight_from_s"], arm["events"]["thaw_s"]
-    assert thaw - entered >= DEADLINE + 10, (entered, thaw)  # pinned well past the deadline
-    pinned = [r for r in arm["samples"] if entered <= r["t"] < thaw]
-    assert pinned and all(r["inflight"] >= 1 for r in pinned), pinned
+    assert obs["client_waiting"] == 1.0, obs
+    ev = arm["events"]
+    frozen, thaw = ev["freeze_after_send_s"], ev["thaw_s"]
+    entered = ev.get("inflight_from_s", frozen)
+    assert thaw - max(entered, frozen) >= DEADLINE + 10, ev  # pinned well past the deadline
+    window = [r for r in arm["samples"] if max(entered, frozen) <= r["t"] < thaw]
+    # a scrape that failed (the server busy) reads NaN: it shows nothing either way
+    pinned = [r for r in window if r["inflight"] == r["inflight"]]
+    assert len(pinned) >= 5, arm["samples"]
+    if "inflight_from_s" in ev:  # the gauge moved: it must have stayed up until the thaw
+        assert all(r["inflight"] >= 1 for r in pinned), pinned
     assert all(r["transfer_failed"] == 0 and r["forced"] == 0 for r in pinned), pinned
     assert all(r["client_waiting"] == 1.0 for r in pinned)
     assert not arm["fault"]["stallguard_log"]
