@@ -163,8 +163,11 @@ def test_mooncake_healthy_request_unharmed(mc: Any) -> None:
 
 
 def test_mooncake_counts_shipped_once(mc: Any) -> None:
-    shipped = Counter(p for d in mc["stats_payloads"] for p in d.get("stallguard_forced", ()))
-    assert shipped == Counter({"Receiving": 1, "AbortedHeld": 1})
+    # one [phase, reason] entry per forced failure (the shared label vocabulary)
+    shipped = Counter(
+        tuple(e) for d in mc["stats_payloads"] for e in d.get("stallguard_forced", ())
+    )
+    assert shipped == Counter({("Receiving", "state"): 1, ("AbortedHeld", "state"): 1})
 
 
 def test_unknown_connector_failed_at_deadline_and_held_until_it_ends(scenarios: Any) -> None:
