@@ -28,6 +28,7 @@ start-up, the other faults) is opt-in: tests/test_real_servers.py.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,18 @@ def _environment_problem() -> str | None:
     return None
 
 
-PROBLEM = _environment_problem()
+if os.environ.get("STALLGUARD_REAL_SERVERS") != "1":
+    # Opt-in again (2026-12-02): of three runs on this machine, one passed (4 in 341 s at
+    # load 8-17); in the two others the frozen request of one arm never showed in the
+    # prefill's inflight queue (once the control's, once the guarded arm's: the guarded
+    # client then hung 30 s with nothing counted, the request pinned in a phase the
+    # gauges do not show). Until the fault is pinned to one phase in every run, a
+    # default-suite run would fail CI by chance.
+    PROBLEM: str | None = (
+        "opt-in: set STALLGUARD_REAL_SERVERS=1 (the fault's phase is not yet reproducible)"
+    )
+else:
+    PROBLEM = _environment_problem()
 
 pytestmark = [
     pytest.mark.sglang,
