@@ -68,7 +68,8 @@ def read_source(
     end: float | None = None,
 ) -> str:
     """A Prometheus text exposition from one source (*prometheus*: a server's URL, read
-    over ``[end - window, end]``, default end now; see ``stallguard.adapters.exposition_from_prometheus``).
+    over ``[end - window, end]``, default end now; see
+    ``stallguard.adapters.exposition_from_prometheus``).
 
     Raises:
         ValueError: naming the source, for anything that goes wrong reading it (the
