@@ -11,7 +11,7 @@ here.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._stats import BOUNDS, LADDER, StateStatistics, Statistics
@@ -107,19 +107,32 @@ class StatisticsExporter:
         elif sum(sent[0]) == dist.count:
             return  # nothing new in this state
         fine = dist.counts
-        counts = [sum(fine[a:b]) for a, b in _SLICES]
+        counts = ladder_counts(fine)
         child = self.histogram.labels(**self.labels, **{self.state_label: label})
-        _add(child, counts, sent[0], dist.total - sent[1])
+        add_to_histogram(child, counts, dist.total - sent[1], sent[0])
         self._sent[label] = (counts, dist.total)
 
 
-def _add(child: Any, counts: list[int], sent: list[int], total: float) -> None:
-    """Add ``counts - sent`` per bucket, and *total* to the sum, to a histogram child."""
+def ladder_counts(fine: Sequence[int]) -> list[int]:
+    """Fine-bucket counts (:data:`BOUNDS` then +Inf) summed into the coarse ladder buckets
+    (:data:`LADDER` then +Inf) a Prometheus histogram of :func:`histogram_buckets` has."""
+    return [sum(fine[a:b]) for a, b in _SLICES]
+
+
+def add_to_histogram(
+    child: Any, counts: list[int], total: float, sent: list[int] | None = None
+) -> None:
+    """Add ``counts - sent`` per bucket (ladder then +Inf; *sent* default none), and
+    *total* to the sum, to a prometheus_client histogram child. prometheus_client has no
+    public bulk add: this uses the child's per-bucket values (``_buckets``, ``_sum``: the
+    same ``inc`` its ``observe()`` calls, in its multiprocess files too); without them it
+    observes each value at its bucket's upper bound."""
     buckets = getattr(child, "_buckets", None)
     total_value = getattr(child, "_sum", None)
     exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
-    for i, (now, before) in enumerate(zip(counts, sent, strict=True)):
-        delta = now - before
+    before = sent if sent is not None else [0] * len(counts)
+    for i, (now, then) in enumerate(zip(counts, before, strict=True)):
+        delta = now - then
         if delta <= 0:
             continue
         if exact:

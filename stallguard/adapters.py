@@ -46,7 +46,7 @@ from ._adapters import (
 )
 from ._advice import read_prometheus
 from ._lazy import lazy_attribute, lazy_names
-from ._prometheus import StatisticsExporter, histogram_buckets
+from ._prometheus import StatisticsExporter, add_to_histogram, histogram_buckets, ladder_counts
 from ._stats import BOUNDS, LADDER
 from ._validate import did_you_mean, shorten
 from ._versions import VersionSupport, installed_version, release_of
@@ -90,6 +90,7 @@ __all__ = [
     "OneLineParser",
     "StatisticsExporter",
     "TableReader",
+    "add_to_histogram",
     "VersionSupport",
     "describe_exception",
     "did_you_mean",
@@ -99,6 +100,7 @@ __all__ = [
     "installed_version",
     "lazy_attribute",
     "lazy_names",
+    "ladder_counts",
     "one_line",
     "parse_window",
     "printable",

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stallguard import StateStatistics, Watchdog
-from stallguard.adapters import BOUNDS, LADDER
+from stallguard.adapters import LADDER, add_to_histogram, ladder_counts
 
 from . import _metrics
 
@@ -73,11 +73,6 @@ LABELS = ("queue", "backend", "state")
 #: Seconds between two exports of a lane.
 EXPORT_PERIOD = 1.0
 
-
-# ladder bucket j (values in (LADDER[j-1], LADDER[j]], the last one +Inf) = the fine
-# buckets BOUNDS[start:end] (exact: every ladder value is one of BOUNDS)
-_ENDS = (*(BOUNDS.index(v) + 1 for v in LADDER), len(BOUNDS))
-_SLICES: tuple[tuple[int, int], ...] = tuple(zip((0, *_ENDS[:-1]), _ENDS, strict=True))
 
 _lock = threading.Lock()
 _created: dict[str, Any] | None = None
@@ -237,30 +232,7 @@ class LaneStats:
         elif sum(sent[0]) == dist.count:
             return  # nothing new in this state
         fine = dist.counts
-        counts = [sum(fine[a:b]) for a, b in _SLICES]
+        counts = ladder_counts(fine)
         child = metrics["seconds"].labels(*self._values(label))
-        _add(child, counts, sent[0], dist.total - sent[1])
+        add_to_histogram(child, counts, dist.total - sent[1], sent[0])
         self._sent[label] = (counts, dist.total)
-
-
-def _add(child: Any, counts: list[int], sent: list[int], total: float) -> None:
-    """Add ``counts - sent`` per bucket, and *total* to the sum, to a prometheus_client
-    histogram child. prometheus_client has no public bulk add: this uses the child's
-    per-bucket values (``_buckets``, ``_sum``: the same ``inc`` its ``observe()`` calls,
-    in its multiprocess files too); without them it observes each value at its bucket's
-    upper bound."""
-    buckets = getattr(child, "_buckets", None)
-    total_value = getattr(child, "_sum", None)
-    exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
-    for i, (now, before) in enumerate(zip(counts, sent, strict=True)):
-        delta = now - before
-        if delta <= 0:
-            continue
-        if exact:
-            buckets[i].inc(delta)  # type: ignore[index]
-        else:  # pragma: no cover - a prometheus_client without the internals
-            bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
-            for _ in range(delta):
-                child.observe(bound)
-    if exact and total > 0:
-        total_value.inc(total)  # type: ignore[union-attr]

@@ -38,7 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
     NixlPromMetrics,
 )
 
-from stallguard.adapters import LADDER
+from stallguard.adapters import LADDER, add_to_histogram
 
 from ._names import (
     DEADLINE,
@@ -273,25 +273,3 @@ class StallguardNixlPromMetrics(NixlPromMetrics):
         super().observe(transfer_stats_data, engine_idx)
         labels = [str(v) for v in self.per_engine_labelvalues.get(engine_idx, [])]
         self._sg.observe(labels, transfer_stats_data, engine_idx)
-
-
-def add_to_histogram(child: Any, counts: list[int], total: float) -> None:
-    """Add *counts* per bucket (ladder then +Inf) and *total* to a prometheus_client
-    histogram child. prometheus_client has no public bulk add: this uses the child's
-    per-bucket values (``_buckets``, ``_sum``, what its ``observe()`` increments);
-    without them (a wrapped histogram) it observes each stay at its bucket's bound.
-    (stallguard-sglang's ``_stats_export._add`` does the same for SGLang.)"""
-    buckets = getattr(child, "_buckets", None)
-    total_value = getattr(child, "_sum", None)
-    exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
-    for i, n in enumerate(counts):
-        if n <= 0:
-            continue
-        if exact:
-            buckets[i].inc(n)  # type: ignore[index]
-        else:  # pragma: no cover - a histogram without prometheus_client's internals
-            bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
-            for _ in range(n):
-                child.observe(bound)
-    if exact and total > 0:
-        total_value.inc(total)  # type: ignore[union-attr]
