@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from examples.pd_wedge import _report
 from examples.pd_wedge._config import QUICK
+from examples.pd_wedge._faults import ready_to_freeze
 from examples.pd_wedge._thaw import PAGES, WRITE_BYTES, ThawResult, waiting_timeout
 
 GOOD_WITH = ThawResult(
@@ -112,3 +113,37 @@ def test_a_round_with_a_problem_is_reported_as_such(arm):
     r = replace(base, problems=["the WRITE finished before the freeze took hold"])
     assert not r.ok()
     assert "PROBLEM: the WRITE finished" in _report.thaw_section([r])
+
+
+# -- when the decode-side prefill freezes (prefill-freeze-sent) ------------------------
+W, DONE = "WaitingForInput", "Success"
+
+
+def test_the_freeze_waits_for_a_room_of_each_named_server():
+    # the failure seen at load 6: every "with" room was done at the moment of the check,
+    # so a rule reading the live rooms' tags froze with a "without" request pinned only
+    statuses = {1: W}
+    tags = {1: "without"}
+    assert not ready_to_freeze(statuses, tags, set(), {"without", "with"}, waiting=W)
+    statuses[2], tags[2] = W, "with"
+    assert ready_to_freeze(statuses, tags, set(), {"without", "with"}, waiting=W)
+    # a room whose KV was sent no longer counts; nothing is wanted: never
+    assert not ready_to_freeze(statuses, tags, {2}, {"without", "with"}, waiting=W)
+    assert not ready_to_freeze(statuses, tags, set(), set(), waiting=W)
+
+
+@given(
+    rooms=st.dictionaries(
+        st.integers(0, 30),
+        st.tuples(
+            st.sampled_from(["without", "with"]), st.sampled_from([W, DONE, "Bootstrapping"])
+        ),
+    ),
+    sent=st.sets(st.integers(0, 30)),
+)
+def test_a_freeze_always_pins_a_request_on_every_named_server(rooms, sent):
+    statuses = {room: status for room, (_, status) in rooms.items()}
+    tags = {room: tag for room, (tag, _) in rooms.items()}
+    wanted = {"without", "with"}
+    pinned = {tags[r] for r, s in statuses.items() if s == W and r not in sent}
+    assert ready_to_freeze(statuses, tags, sent, wanted, waiting=W) == (pinned == wanted)

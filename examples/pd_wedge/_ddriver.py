@@ -213,8 +213,11 @@ class DecodeRun:
         self.recovered: float | None = None  # prefill A worked through its backlog
 
     def _inject(self) -> None:
-        flag = "freeze_on_submit" if self.scenario == "prefill-freeze" else "freeze_on_metadata"
-        self.rig.prefill("A").rpc.call("flag", name=flag)
+        a = self.rig.prefill("A").rpc
+        if self.scenario == "prefill-freeze":
+            a.call("flag", name="freeze_on_submit")
+        else:  # a request pinned on each decode server, whichever is faster
+            a.call("freeze_after_metadata", tags=list(self.rig.arms()))
 
     def execute(self) -> list[RunResult]:
         p = self.p
@@ -235,13 +238,16 @@ class DecodeRun:
             if phase == "pre" and now >= t0 + p.pre:
                 fault_armed = now
                 self._inject()
-                phase, arm_deadline = "arming", now + 3.0
+                # a loaded machine needs longer to bring a room of each server to it
+                arming = 3.0 * self.rig.calibration.get("scale", 1.0)
+                phase, arm_deadline = "arming", now + arming
             elif phase == "arming":
                 if a.state() == "T":
                     fault_start, phase = now, "fault"
                 elif now > arm_deadline:
                     raise HarnessError(
-                        f"{self.rig.engine}/{self.scenario}: prefill A did not stop within 3 s"
+                        f"{self.rig.engine}/{self.scenario}: prefill A did not stop within "
+                        f"{arming:g} s"
                     )
             elif phase == "fault" and now >= fault_start + p.window:
                 observed = self._observe()

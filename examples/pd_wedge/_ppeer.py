@@ -10,9 +10,9 @@ SGLang's real inflight queue, ``_prefill.py``); here the prefill is the faulty p
 
 Faults, injected on request: the process stops itself (``SIGSTOP``: scheduler, transfer
 engine threads and all), either when the next request arrives, before it registers it
-("frozen before registration"), or once decode metadata has arrived for a room of every
-decode server (the driver tags each room with the server it is for), before it sends
-their KV ("frozen after send_metadata"). The driver sends ``SIGCONT``.
+("frozen before registration"), or once decode metadata has arrived for a room of each
+decode server the driver names (it tags each room with the server it is for), before it
+sends their KV ("frozen after send_metadata"). The driver sends ``SIGCONT``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 from sglang.srt.disaggregation.base import KVPoll
 
 from . import _dp_prefill, _kv, _rpc
+from ._faults import ready_to_freeze
 
 log = logging.getLogger("pd_wedge.ppeer")
 
@@ -42,7 +43,12 @@ def run(conn: Connection, spec: dict) -> None:
     engine, port = spec["engine"], spec["bootstrap_port"]
     _dp_prefill.install_context(engine, port)
     ranks = _dp_prefill.PrefillRanks(engine, port, _kv.Layout(**spec["layout"]))
-    flags = {"freeze_on_submit": False, "freeze_on_metadata": False}
+    flags = {"freeze_on_submit": False}
+    # the tags (decode servers) of which a room must wait for its KV before the freeze;
+    # empty: no freeze armed. Named by the driver, not read off the live rooms: under
+    # load one decode server's rooms can all be done at the moment of the check, and
+    # the freeze would then pin a request on the other one only.
+    freeze_tags: set[str] = set()
     live: dict[int, int] = {}  # room -> pages, until the sender concludes
     tags: dict[int, str] = {}  # room -> the driver's tag (which decode server it is for)
     sent: set[int] = set()
@@ -66,6 +72,12 @@ def run(conn: Connection, spec: dict) -> None:
             raise ValueError(f"unknown prefill flag {name!r}")
         flags[name] = value
 
+    def freeze_after_metadata(tags: list[str]) -> None:
+        if not tags:
+            raise ValueError("freeze_after_metadata needs the tags to wait for")
+        freeze_tags.clear()
+        freeze_tags.update(tags)
+
     def reset() -> dict:
         """Forget the scenario's rooms (a sender whose decode gave up before it sent its
         metadata waits for its bootstrap timeout in SGLang: the harness aborts it)."""
@@ -78,6 +90,7 @@ def run(conn: Connection, spec: dict) -> None:
         live.clear()
         tags.clear()
         sent.clear()
+        freeze_tags.clear()
         out = {**counters, "left": left, "marks": list(marks)}
         counters.update(registered=0, sent=0, succeeded=0, failed=0)
         marks.clear()
@@ -95,6 +108,7 @@ def run(conn: Connection, spec: dict) -> None:
         # worked through the requests that arrived while it was stopped
         "mark": lambda: marks.append(time.monotonic()),
         "flag": set_flag,
+        "freeze_after_metadata": freeze_after_metadata,
         "reset": reset,
         "ping": lambda: os.getpid(),
         "shutdown": shutdown,
@@ -104,21 +118,15 @@ def run(conn: Connection, spec: dict) -> None:
         if not _rpc.drain(conn, handlers, wait=0.005):
             break
         statuses = {room: ranks.poll(room) for room in list(live)}
-        if flags["freeze_on_metadata"]:
-            # stop once a room of every tag (each decode server) has its decode metadata
-            # here: each decode then holds a request whose KV is never sent
-            waiting = {
-                tags[room]
-                for room, status in statuses.items()
-                if status == KVPoll.WaitingForInput and room not in sent
-            }
-            if waiting and waiting >= set(tags.values()):
-                flags["freeze_on_metadata"] = False
-                freeze()
+        if freeze_tags and ready_to_freeze(
+            statuses, tags, sent, freeze_tags, waiting=KVPoll.WaitingForInput
+        ):
+            freeze_tags.clear()
+            freeze()
         for room, status in statuses.items():
             if status == KVPoll.WaitingForInput and room not in sent:
-                if flags["freeze_on_metadata"]:
-                    continue  # held until a room of every tag waits (a few ms)
+                if freeze_tags:
+                    continue  # held until a room of every named tag waits
                 try:
                     ranks.send(room, live[room])
                 except Exception:  # e.g. decode's ABORT arrived meanwhile: SGLang logs it
