@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -194,24 +193,54 @@ def test_the_active_line_reaches_a_log_configured_after_load_plugins(config_path
     assert out["after_queue"].index(line) < table
 
 
-@pytest.mark.parametrize("case", list(BAD_CONFIGS))
-def test_bad_config_stops_the_scheduler_process(tmp_path, case):
-    data, problem = BAD_CONFIGS[case]
-    bad = tmp_path / "bad.toml"
-    bad.write_bytes(data)
-    code = (
-        "from sglang.srt.managers.scheduler import run_scheduler_process\n"
-        # load_plugins() is its first statement: these arguments are never looked at
-        "run_scheduler_process(None, None, 0, 0, 0, None, None)\n"
-        "print('SCHEDULER WENT ON')\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        env=child_env(STALLGUARD_SGLANG_CONFIG=str(bad)),
-        capture_output=True,
-        text=True,
+SCHEDULER = (
+    "from sglang.srt.managers.scheduler import run_scheduler_process\n"
+    # load_plugins() is its first statement: these arguments are never looked at
+    "run_scheduler_process(None, None, 0, 0, 0, None, None)\n"
+    "print('SCHEDULER WENT ON')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(tmp_path_factory):
+    """Each bad configuration given to the real `run_scheduler_process`, in a process of
+    its own forked from one that imported SGLang's scheduler module (once, not per case:
+    10-40 s each) without any STALLGUARD_SGLANG_* variable set; the first script is the
+    control, the same call with a good configuration (it must go past load_plugins())."""
+    tmp = tmp_path_factory.mktemp("bad-configs")
+    good = tmp / "good.toml"
+    good.write_text(CONFIG)
+    paths = {}
+    for i, (case, (data, _)) in enumerate(BAD_CONFIGS.items()):
+        paths[case] = tmp / f"bad-{i}.toml"
+        paths[case].write_bytes(data)
+    scripts = [({"STALLGUARD_SGLANG_CONFIG": str(good)}, SCHEDULER)]
+    scripts += [({"STALLGUARD_SGLANG_CONFIG": str(paths[c])}, SCHEDULER) for c in BAD_CONFIGS]
+    results = sgs.run_scripts(
+        sys.executable,
+        scripts,
+        preload=("sglang.srt.managers.scheduler",),
         timeout=600,
+        env=child_env(),
     )
+    control, *bad = results
+    return control, {case: (paths[case], r) for case, r in zip(BAD_CONFIGS, bad, strict=True)}
+
+
+def test_a_good_config_lets_the_scheduler_process_go_on(bad_config_runs):
+    """The control of the bad-config cases: the same forked call with a good file gets
+    past load_plugins() (it fails later, on the arguments no one passed)."""
+    control, _ = bad_config_runs
+    assert "stallguard-sglang: invalid configuration" not in control.stderr, control.stderr
+    assert "SCHEDULER WENT ON" not in control.stdout  # None arguments: it fails after
+    assert "Traceback" in control.stderr and control.returncode == 1, control.stderr[-3000:]
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_stops_the_scheduler_process(bad_config_runs, case):
+    _, runs = bad_config_runs
+    bad, proc = runs[case]
+    _, problem = BAD_CONFIGS[case]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "SCHEDULER WENT ON" not in proc.stdout
     last = proc.stderr.strip().splitlines()[-1]

@@ -44,6 +44,9 @@ Processes (_dist, _subproc; no sglang import in the parent):
               in spawned gloo ranks; RankInfo(rank, world, group, port); raises RankError)
     run_in_python(python, "module:function", *, args=(), kwargs=None, timeout=120.0,
                   env=None) -> result    (raises SubprocessError)
+    run_scripts(python, [(env changes, code), ...], *, preload=(), timeout=120.0,
+                env=None) -> [ScriptResult(returncode, stdout, stderr)]   each script as
+                  `python -c` runs it, forked from one process that imported `preload`
     free_port()
 
 Reusable scenarios returning plain data: sglang_support.scenarios (inflight_states,
@@ -98,7 +101,7 @@ _LAZY = {
         )
     },
     **{n: "_dist" for n in ("RankInfo", "RankError", "run_ranks", "free_port")},
-    **{n: "_subproc" for n in ("SubprocessError", "run_in_python")},
+    **{n: "_subproc" for n in ("ScriptResult", "SubprocessError", "run_in_python", "run_scripts")},
 }
 
 __all__ = [

@@ -14,11 +14,11 @@ import pickle
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._env import SUPPORT_ROOT
 
-__all__ = ["SubprocessError", "run_in_python"]
+__all__ = ["ScriptResult", "SubprocessError", "run_in_python", "run_scripts"]
 
 
 class SubprocessError(RuntimeError):
@@ -73,3 +73,55 @@ def run_in_python(
         if status != "ok":
             raise SubprocessError(f"{target} under {python} raised:\n{payload}\n{output}")
         return payload
+
+
+class ScriptResult(NamedTuple):
+    """What one script of `run_scripts` left: as `subprocess.run` would report it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_scripts(
+    python: str | os.PathLike,
+    scripts: list[tuple[dict[str, str | None], str]],
+    *,
+    preload: tuple[str, ...] = (),
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> list[ScriptResult]:
+    """Run each ``(env changes, code)`` of *scripts* as ``python -c code`` would, each in
+    its own process forked from one fresh `python` that imported *preload* first (so a
+    heavy import, SGLang's scheduler module at 10-40 s, is paid once, not per script).
+    A value of None in a script's env removes that variable. The scripts run one after
+    the other; their order is kept. Raises SubprocessError if the forking parent fails
+    or takes over `timeout` seconds in all."""
+    with tempfile.TemporaryDirectory(prefix="sglang-support-") as tmp:
+        inp, out = Path(tmp, "in.pickle"), Path(tmp, "out.pickle")
+        inp.write_bytes(pickle.dumps((tuple(preload), list(scripts))))
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        pythonpath = full_env.get("PYTHONPATH")
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT_ROOT), pythonpath]))
+        cmd = [str(python), "-m", "sglang_support._forker", str(inp), str(out)]
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=SUPPORT_ROOT,
+                env=full_env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                errors="replace",
+            )
+        except subprocess.TimeoutExpired:
+            raise SubprocessError(
+                f"{len(scripts)} scripts under {python} did not finish within {timeout}s"
+            ) from None
+        if not out.exists():
+            raise SubprocessError(
+                f"the forking parent under {python} exited {proc.returncode} without "
+                f"results\n--- stderr tail:\n{proc.stderr[-6000:]}"
+            )
+        return [ScriptResult(*r) for r in pickle.loads(out.read_bytes())]
