@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -176,12 +177,40 @@ BAD_CONFIGS = {
 }
 
 
+@pytest.fixture(scope="module")
+def active_line_runs(tmp_path_factory):
+    """`sglang_adapter_scenarios.active_line` with logging configured after and before
+    load_plugins(), each in a process forked from one that imported SGLang once."""
+    path = tmp_path_factory.mktemp("active-line") / "stallguard-sglang.toml"
+    path.write_text(CONFIG)
+    code = (
+        "import json, sglang_adapter_scenarios as s\n"
+        "print('RESULT ' + json.dumps(s.active_line({path!r}, {first!r})))\n"
+    )
+    firsts = ("no", "yes")
+    results = sgs.run_scripts(
+        sys.executable,
+        [({}, code.format(path=str(path), first=first)) for first in firsts],
+        preload=("sglang.srt.plugins", "sglang.srt.utils.common", "sglang_support._core"),
+        timeout=600,
+        env=child_env(),
+    )
+    out = {}
+    for first, r in zip(firsts, results, strict=True):
+        assert r.returncode == 0, r.stderr[-3000:]
+        [line] = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+        out[first] = (str(path), json.loads(line.removeprefix("RESULT ")))
+    return out
+
+
 @pytest.mark.parametrize("configure_first", ["no", "yes"])
-def test_the_active_line_reaches_a_log_configured_after_load_plugins(config_path, configure_first):
+def test_the_active_line_reaches_a_log_configured_after_load_plugins(
+    active_line_runs, configure_first
+):
     """launch_server runs load_plugins() before SGLang configures logging: the line is
     kept and logged at the first queue call, once; with logging already configured it
     is logged at once, and not again."""
-    out = run("active_line", config_path, configure_first)
+    config_path, out = active_line_runs[configure_first]
     line = f"stallguard-sglang active on SGLang 0.5.23 (config {config_path}; prefill enforce"
     if configure_first == "no":
         assert line not in out["after_configure"]  # dropped if logged at install time
