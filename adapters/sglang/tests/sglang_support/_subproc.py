@@ -25,6 +25,50 @@ class SubprocessError(RuntimeError):
     """The function raised in the child, the child crashed, or it timed out."""
 
 
+def _call_child(
+    python: str | os.PathLike,
+    module: str,
+    request: object,
+    what: str,
+    timeout: float,
+    env: dict[str, str] | None,
+) -> Any:
+    """Run `python -m module IN OUT` with *request* pickled in IN; return what the child
+    pickled to OUT. Raises SubprocessError (*what* names the call) on a timeout or when
+    the child left no result."""
+    with tempfile.TemporaryDirectory(prefix="sglang-support-") as tmp:
+        inp, out = Path(tmp, "in.pickle"), Path(tmp, "out.pickle")
+        inp.write_bytes(pickle.dumps(request))
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        # the child imports sglang_support (its runner) from where this copy lives
+        pythonpath = full_env.get("PYTHONPATH")
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT_ROOT), pythonpath]))
+        cmd = [str(python), "-m", module, str(inp), str(out)]
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=SUPPORT_ROOT,
+                env=full_env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                errors="replace",
+            )
+        except subprocess.TimeoutExpired as e:
+            tail = (e.stderr or "")[-4000:] if isinstance(e.stderr, str) else ""
+            raise SubprocessError(
+                f"{what} under {python} did not finish within {timeout}s "
+                f"(killed)\n--- stderr tail:\n{tail}"
+            ) from None
+        output = f"--- stdout tail:\n{proc.stdout[-3000:]}\n--- stderr tail:\n{proc.stderr[-6000:]}"
+        if not out.exists():
+            raise SubprocessError(
+                f"{what} under {python} exited {proc.returncode} without a result\n{output}"
+            )
+        return pickle.loads(out.read_bytes()), output
+
+
 def run_in_python(
     python: str | os.PathLike,
     target: str,
@@ -39,40 +83,13 @@ def run_in_python(
     traceback and output tail on failure, or after killing it at `timeout` seconds."""
     if ":" not in target:
         raise ValueError(f"target must be 'module:function', got {target!r}")
-    with tempfile.TemporaryDirectory(prefix="sglang-support-") as tmp:
-        inp, out = Path(tmp, "in.pickle"), Path(tmp, "out.pickle")
-        inp.write_bytes(pickle.dumps((target, tuple(args), dict(kwargs or {}))))
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        # the child imports sglang_support (its runner) from where this copy lives
-        pythonpath = full_env.get("PYTHONPATH")
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT_ROOT), pythonpath]))
-        cmd = [str(python), "-m", "sglang_support._runner", str(inp), str(out)]
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=SUPPORT_ROOT,
-                env=full_env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                errors="replace",
-            )
-        except subprocess.TimeoutExpired as e:
-            tail = (e.stderr or "")[-4000:] if isinstance(e.stderr, str) else ""
-            raise SubprocessError(
-                f"{target} under {python} did not finish within {timeout}s "
-                f"(killed)\n--- stderr tail:\n{tail}"
-            ) from None
-        output = f"--- stdout tail:\n{proc.stdout[-3000:]}\n--- stderr tail:\n{proc.stderr[-6000:]}"
-        if not out.exists():
-            raise SubprocessError(
-                f"{target} under {python} exited {proc.returncode} without a result\n{output}"
-            )
-        status, payload = pickle.loads(out.read_bytes())
-        if status != "ok":
-            raise SubprocessError(f"{target} under {python} raised:\n{payload}\n{output}")
-        return payload
+    request = (target, tuple(args), dict(kwargs or {}))
+    (status, payload), output = _call_child(
+        python, "sglang_support._runner", request, target, timeout, env
+    )
+    if status != "ok":
+        raise SubprocessError(f"{target} under {python} raised:\n{payload}\n{output}")
+    return payload
 
 
 class ScriptResult(NamedTuple):
@@ -97,31 +114,7 @@ def run_scripts(
     A value of None in a script's env removes that variable. The scripts run one after
     the other; their order is kept. Raises SubprocessError if the forking parent fails
     or takes over `timeout` seconds in all."""
-    with tempfile.TemporaryDirectory(prefix="sglang-support-") as tmp:
-        inp, out = Path(tmp, "in.pickle"), Path(tmp, "out.pickle")
-        inp.write_bytes(pickle.dumps((tuple(preload), list(scripts))))
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        pythonpath = full_env.get("PYTHONPATH")
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT_ROOT), pythonpath]))
-        cmd = [str(python), "-m", "sglang_support._forker", str(inp), str(out)]
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=SUPPORT_ROOT,
-                env=full_env,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                errors="replace",
-            )
-        except subprocess.TimeoutExpired:
-            raise SubprocessError(
-                f"{len(scripts)} scripts under {python} did not finish within {timeout}s"
-            ) from None
-        if not out.exists():
-            raise SubprocessError(
-                f"the forking parent under {python} exited {proc.returncode} without "
-                f"results\n--- stderr tail:\n{proc.stderr[-6000:]}"
-            )
-        return [ScriptResult(*r) for r in pickle.loads(out.read_bytes())]
+    request = (tuple(preload), list(scripts))
+    what = f"{len(scripts)} forked scripts"
+    results, _ = _call_child(python, "sglang_support._forker", request, what, timeout, env)
+    return [ScriptResult(*r) for r in results]
