@@ -8,26 +8,17 @@ the builder dry (`plan`) and dev.py's output handling on a stand-in command.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from _tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_dev():
-    spec = importlib.util.spec_from_file_location("_stallguard_dev_tool", ROOT / "tools" / "dev.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-dev = load_dev()
+dev = load_tool("dev")
 
 
 @pytest.mark.parametrize("venv", dev.VENVS, ids=lambda v: v.name)

@@ -5,28 +5,19 @@ prints are the ones radon and the source give."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _tools import load_tool
 
 pytest.importorskip("radon")
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_shape():
-    spec = importlib.util.spec_from_file_location("_stallguard_shape", ROOT / "tools" / "shape.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-shape = load_shape()
+shape = load_tool("shape")
 
 
 def test_no_block_of_the_hot_path_or_the_adapters_is_worse_than_c():

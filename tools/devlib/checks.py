@@ -61,8 +61,15 @@ def check_forbidden(venv: Path, forbidden: list[str]) -> None:
         raise StepError(f"expected exactly torch 2.13.0+cpu in .venv, found {found}")
 
 
-def python_says(venv: Path, code: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of *code* run by *venv*'s interpreter in ROOT."""
+def import_words(
+    venv: Path,
+    code: str,
+    ok: Callable[[list[str]], bool],
+    failure: str,
+    env: dict[str, str] | None = None,
+) -> list[str]:
+    """The words *code* prints when run by *venv*'s interpreter in ROOT; a StepError
+    saying *failure*, with the output, if it fails or *ok* refuses the words."""
     out = subprocess.run(
         [str(venv_python(venv)), "-c", code],
         capture_output=True,
@@ -70,18 +77,20 @@ def python_says(venv: Path, code: str, env: dict[str, str] | None = None) -> tup
         cwd=ROOT,
         env=None if env is None else {**os.environ, **env},
     )
-    return out.returncode, out.stdout, out.stderr
+    words = out.stdout.split()
+    if out.returncode != 0 or not ok(words):
+        raise StepError(f"{failure}:\n{out.stdout}\n{out.stderr[-3000:]}")
+    return words
 
 
 def import_check(venv: Path, sglang_version: str) -> str:
     """The venv imports the SGLang prefill/NIXL/Mooncake modules (with the stubs)."""
-    rc, stdout, stderr = python_says(venv, IMPORT_CHECK)
-    words = stdout.split()
-    if rc != 0 or not words or words[0] != sglang_version:
-        raise StepError(
-            f"{venv.name} does not import sglang {sglang_version}'s disaggregation modules:\n"
-            f"{stdout}\n{stderr[-3000:]}"
-        )
+    words = import_words(
+        venv,
+        IMPORT_CHECK,
+        lambda w: bool(w) and w[0] == sglang_version,
+        f"{venv.name} does not import sglang {sglang_version}'s disaggregation modules",
+    )
     return f"sglang {words[0]} torch {words[1]} import OK"
 
 
@@ -96,13 +105,12 @@ def sglang_check(version: str, forbidden: list[str]) -> Callable[[VenvSpec], str
 def realsrv_check(forbidden: list[str]) -> Callable[[VenvSpec], str]:
     def check(spec: VenvSpec) -> str:
         check_forbidden(spec.path, forbidden)
-        rc, stdout, stderr = python_says(spec.path, REALSRV_IMPORT_CHECK)
-        words = stdout.split()
-        if rc != 0 or len(words) != 3:
-            raise StepError(
-                f".venv-realsrv does not import SGLang's HTTP server and the router:\n"
-                f"{stdout}\n{stderr[-3000:]}"
-            )
+        words = import_words(
+            spec.path,
+            REALSRV_IMPORT_CHECK,
+            lambda w: len(w) == 3,
+            ".venv-realsrv does not import SGLang's HTTP server and the router",
+        )
         return f"sglang {words[0]} torch {words[1]} sglang-router {words[2]} import OK"
 
     return check
@@ -114,26 +122,23 @@ def vllm_check(version: str) -> Callable[[VenvSpec], str]:
         found = sorted(d.name for d in sp.glob("torch-*.dist-info"))
         if found != ["torch-2.13.0+cpu.dist-info"]:
             raise StepError(f"expected exactly torch 2.13.0+cpu in .venv-vllm, found {found}")
-        rc, stdout, stderr = python_says(
-            spec.path, VLLM_IMPORT_CHECK, env={"VLLM_TARGET_DEVICE": "cpu"}
+        words = import_words(
+            spec.path,
+            VLLM_IMPORT_CHECK,
+            lambda w: bool(w) and w[0] == version,
+            ".venv-vllm does not import vLLM's scheduler and NIXL connector",
+            env={"VLLM_TARGET_DEVICE": "cpu"},
         )
-        words = stdout.split()
-        if rc != 0 or not words or words[0] != version:
-            raise StepError(
-                f".venv-vllm does not import vLLM's scheduler and NIXL connector:"
-                f"\n{stdout}\n{stderr[-3000:]}"
-            )
         return f"vllm {words[0]} torch {words[1]} import OK"
 
     return check
 
 
 def docs_check(spec: VenvSpec) -> str:
-    rc, stdout, stderr = python_says(spec.path, DOCS_IMPORT_CHECK)
-    words = stdout.split()
-    if rc != 0 or len(words) != 1:
-        raise StepError(
-            f"{spec.name} does not import Sphinx and the documented projects, or holds an "
-            f"engine:\n{stdout}\n{stderr[-3000:]}"
-        )
+    words = import_words(
+        spec.path,
+        DOCS_IMPORT_CHECK,
+        lambda w: len(w) == 1,
+        f"{spec.name} does not import Sphinx and the documented projects, or holds an engine",
+    )
     return f"sphinx {words[0]}, stallguard, stallguard_sglang import OK; no engine"

@@ -298,37 +298,55 @@ MAIN = VenvSpec(
         "importing sglang's disaggregation modules",
     ),
 )
-OVERLAY0517 = VenvSpec(
+
+
+def overlay(
+    name: str,
+    path: Path,
+    constraints: Path,
+    packages: list[str],
+    overlay_pth: str,
+    pth: tuple[tuple[str, Callable[[], str]], ...],
+    verify: Verify,
+) -> VenvSpec:
+    """An overlay venv on .venv: its own site-packages holds only *packages* (one
+    locked --no-deps group, installed by .venv's pip), the rest comes from .venv's."""
+    step = name.removeprefix(".venv-")
+    return VenvSpec(
+        name,
+        path,
+        constraints,
+        (Group(step, tuple(packages), False),),
+        install_step=step,
+        install_what=f"installing the {name} overlay from {{lock}}",
+        overlay_pth=overlay_pth,
+        with_pip=False,
+        pth=((overlay_pth, overlay_text), *pth),
+        verify=verify,
+    )
+
+
+OVERLAY0517 = overlay(
     ".venv-sglang0517",
     VENV0517,
     CONSTRAINTS0517,
-    (Group("sglang0517", tuple(SGLANG0517), False),),
-    install_step="sglang0517",
-    install_what="installing SGLang 0.5.17's overlay from {lock}",
-    overlay_pth=OVERLAY_PTH_NAME,
-    with_pip=False,
-    pth=((OVERLAY_PTH_NAME, overlay_text), (PTH_NAME, pth_text)),
-    verify=Verify(
+    SGLANG0517,
+    OVERLAY_PTH_NAME,
+    ((PTH_NAME, pth_text),),
+    Verify(
         checks.sglang_check("0.5.17", FORBIDDEN),
         _overlay0517_inputs,
         "importing sglang 0.5.17's disaggregation modules",
     ),
 )
-OVERLAY_REALSRV = VenvSpec(
+OVERLAY_REALSRV = overlay(
     ".venv-realsrv",
     VENV_REALSRV,
     CONSTRAINTS,
-    (Group("realsrv", tuple(REALSRV), False),),
-    install_step="realsrv",
-    install_what="installing the real-server overlay from {lock}",
-    overlay_pth=OVERLAY_REALSRV_PTH_NAME,
-    with_pip=False,
-    pth=(
-        (OVERLAY_REALSRV_PTH_NAME, overlay_text),
-        (PTH_NAME, pth_text),
-        (REALSRV_PTH_NAME, realsrv_pth_text),
-    ),
-    verify=Verify(
+    REALSRV,
+    OVERLAY_REALSRV_PTH_NAME,
+    ((PTH_NAME, pth_text), (REALSRV_PTH_NAME, realsrv_pth_text)),
+    Verify(
         checks.realsrv_check(FORBIDDEN),
         _realsrv_inputs,
         "importing SGLang's HTTP server and the router (with the CPU stand-ins)",
