@@ -303,3 +303,42 @@ def test_plan_of_one_venv_prints_only_its_steps(capsys):
     assert out[0] == "venv .venv-realsrv (<ROOT>/.venv-realsrv)"
     assert out[1].startswith("step realsrv key=")
     assert all(".venv-realsrv" in line or not line.startswith("  run") for line in out)
+
+
+def test_steps_skip_what_is_stamped_and_defer_what_may_fail(tmp_path, capsys):
+    """A step whose key is stamped is skipped; a new key runs it again; a deferred
+    failure is listed and not stamped (the next run retries), a plain one stops."""
+    stamps = dev.Stamps(tmp_path)
+    steps = dev.build.Steps()
+    calls = []
+
+    def ok(name):
+        return lambda: calls.append(name) or f"{name} done"
+
+    def broken():
+        raise dev.StepError("no wheel")
+
+    steps("a", "k1", ok("a"), stamps)
+    steps("a", "k1", ok("a"), stamps)  # stamped: skipped
+    steps("a", "k2", ok("a2"), stamps)  # its inputs changed
+    steps("b", "k1", broken, stamps, defer_failure=True)
+    with pytest.raises(dev.StepError, match="no wheel"):
+        steps("c", "k1", broken, stamps)
+    assert calls == ["a", "a2"]
+    assert (steps.ran, steps.skipped) == (2, 1)
+    assert steps.deferred == ["b: no wheel"]
+    assert dev.Stamps(tmp_path).data == {"a": "k2"}  # on disk; b and c not stamped
+    assert "[dev] b: FAILED after" in capsys.readouterr().out
+
+
+def test_docs_builds_only_the_docs_venv_and_runs_sphinx_there(monkeypatch):
+    """`docs` no longer builds torch, SGLang and vLLM to run Sphinx. Stand-ins: nothing
+    is built or run."""
+    built, ran = [], []
+    monkeypatch.setattr(dev.build, "build_all", lambda specs: built.append(specs) or 0)
+    monkeypatch.setattr(dev.runners.subprocess, "call", lambda cmd, cwd: ran.append(cmd) or 0)
+    assert dev.main(["docs"]) == 0
+    assert built == [(dev.DOCS,)]
+    (cmd,) = ran
+    assert cmd[:3] == [str(ROOT / ".venv-docs" / "bin" / "python"), "-m", "sphinx"]
+    assert "-W" in cmd and "-n" in cmd
