@@ -19,7 +19,7 @@
                                              (nothing run)
 
 Every venv is installed from a **lock**: `tools/lock/<venv>.txt` lists every
-distribution of that venv with its exact version and sha256 hash, and `env` installs it
+distribution of that venv with its exact version and sha256 hashes, and `env` installs it
 with `pip install --no-deps --require-hashes -r tools/lock/<venv>.txt`, so two fresh
 machines get the same files, and a file that differs from the one locked is refused.
 The lock is generated, never edited by hand:
@@ -27,10 +27,9 @@ The lock is generated, never edited by hand:
 * What to install is declared in tools/devlib/envs.py, one `VenvSpec` per venv:
   package groups (a group is installed with its dependencies, or `--no-deps` when only
   the named packages may come in, e.g. sglang, whose full dependency list is the CUDA
-  stack), the projects
-  installed editable (their runtime dependencies and their PEP 735 dependency groups
-  are added), and a constraints file of hand-chosen pins (tools/constraints*.txt:
-  torch==2.13.0 and SGLang's own `==` pins).
+  stack), the projects installed editable (their runtime dependencies and their PEP
+  735 dependency groups are added), and a constraints file of hand-chosen pins
+  (tools/constraints*.txt: torch==2.13.0 and SGLang's own `==` pins).
 * `python3 tools/dev.py lock` resolves that with `uv pip compile --generate-hashes`
   (uv pinned in .venv's lock), for this interpreter, against this machine's pip sources
   (`pip config list`: the find-links directory with the local torch CPU wheel, the
@@ -76,8 +75,8 @@ project).
 `.venv-realsrv` is an overlay venv like .venv-sglang0517, for running *real* SGLang
 servers (`python -m sglang.launch_server`, prefill + decode, and the Rust `sglang-router`):
 its own site-packages holds only what the HTTP server, tokenizer manager and router
-import beyond .venv's disaggregation modules (REALSRV below, all --no-deps and pinned;
-xgrammar without its real 1 GB triton, which tests/_stubs stands in for), and
+import beyond .venv's disaggregation modules (REALSRV in tools/devlib/envs.py, all
+--no-deps and pinned; xgrammar without its real 1 GB triton, which tests/_stubs stands in for), and
 `_stallguard_realsrv.pth`, which activates the CPU stand-ins of
 examples/real_servers/standins (a `vllm._custom_ops` stub and NIXL VRAM->DRAM
 registration; each says what it stands in for). Only the real-server rig
