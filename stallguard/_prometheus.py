@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._stats import BOUNDS, LADDER, StateStatistics, Statistics
+
+if TYPE_CHECKING:
+    from ._details import Snapshot
 
 __all__ = ["StatisticsExporter", "histogram_buckets"]
 
@@ -38,11 +41,15 @@ class StatisticsExporter:
             whose label names are those of *labels* and *state_label*.
         labels: the label values of this watchdog's series, besides the state.
         deadline: optional ``Gauge`` of the state deadline in force, set once per state
-            (0: no deadline).
+            when the state first has statistics; a state without a deadline gets **no**
+            series (absent, not 0, so ``deadline - quantile`` is absent for it too).
         deadline_labels: its label values besides the state (default: *labels*).
         completed: optional ``Counter`` of requests reported overdue (report mode) that
             then completed (``StateStatistics.fired_completed``), labelled as the
             histogram.
+        oldest: optional ``Gauge`` of the age of the oldest request in each state now
+            (0: none in it), labelled as the histogram, set from the *snapshot* given
+            to :meth:`export` (``Watchdog.snapshot(requests=False)``).
         state_label: the name of the state label.
 
     prometheus_client has no public bulk add to a histogram: :meth:`export` adds to the
@@ -60,6 +67,7 @@ class StatisticsExporter:
         "deadline_labels",
         "histogram",
         "labels",
+        "oldest",
         "state_label",
     )
 
@@ -71,6 +79,7 @@ class StatisticsExporter:
         deadline: Any = None,
         deadline_labels: Mapping[str, str] | None = None,
         completed: Any = None,
+        oldest: Any = None,
         state_label: str = "state",
     ) -> None:
         self.histogram = histogram
@@ -78,14 +87,20 @@ class StatisticsExporter:
         self.deadline = deadline
         self.deadline_labels = dict(labels if deadline_labels is None else deadline_labels)
         self.completed = completed
+        self.oldest = oldest
         self.state_label = state_label
         # per state: ladder-bucket counts and sum already exported
         self._sent: dict[str, tuple[list[int], float]] = {}
         self._completed: dict[str, int] = {}
 
-    def export(self, statistics: Statistics) -> None:
+    def export(self, statistics: Statistics, snapshot: Snapshot[Any] | None = None) -> None:
         """Add every state's stays recorded since the last call (and the new
-        reported-then-completed requests)."""
+        reported-then-completed requests); with a *snapshot* and an *oldest* gauge, set
+        each state's oldest age."""
+        if self.oldest is not None and snapshot is not None:
+            for label, summary in snapshot.states.items():
+                labels = {**self.labels, self.state_label: label}
+                self.oldest.labels(**labels).set(summary.oldest_age or 0.0)
         for label, s in statistics.states.items():
             self._export_state(label, s)
             if self.completed is None:
@@ -101,9 +116,9 @@ class StatisticsExporter:
         sent = self._sent.get(label)
         if sent is None:
             sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
-            if self.deadline is not None:
+            if self.deadline is not None and s.deadline is not None:
                 labels = {**self.deadline_labels, self.state_label: label}
-                self.deadline.labels(**labels).set(s.deadline or 0)
+                self.deadline.labels(**labels).set(s.deadline)
         elif sum(sent[0]) == dist.count:
             return  # nothing new in this state
         fine = dist.counts

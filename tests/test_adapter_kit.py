@@ -213,3 +213,49 @@ def test_exporter_adds_exactly_what_the_recorder_holds(batches: list[list[float]
     assert math.isclose(
         get("kit_state_seconds_sum", {"lane": "l0", "state": "A"}), dist.total, rel_tol=1e-9
     )
+
+
+def test_exporter_sets_deadlines_oldest_ages_and_completed_once_each() -> None:
+    """The gauges and the counter the adapters serve beside the histogram: a state's
+    deadline once (a state without one has no series at all, not 0), each state's oldest
+    age from a snapshot (0 once it empties), and report mode's reported-then-completed
+    requests added once however often the same statistics are exported."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    names = ("lane", "state")
+    kw = {"labelnames": names, "registry": registry}
+    histogram = prometheus_client.Histogram("k2_s", "t", buckets=histogram_buckets(), **kw)
+    deadline = prometheus_client.Gauge("k2_deadline", "t", **kw)
+    oldest = prometheus_client.Gauge("k2_oldest", "t", **kw)
+    completed = prometheus_client.Counter("k2_completed", "t", **kw)
+    clock = FakeClock()
+    spec = stallguard.Spec(
+        name="kit2", deadlines={"A": 2.5, "B": None}, terminal=["Done", "Failed"]
+    )
+    wd: stallguard.Watchdog[int] = stallguard.Watchdog(
+        spec, clock=clock, statistics=True, mode="report"
+    )
+    exporter = StatisticsExporter(
+        histogram, labels={"lane": "l1"}, deadline=deadline, completed=completed, oldest=oldest
+    )
+    wd.observe(1, "A")
+    wd.observe(2, "B")
+    clock.advance(1.25)
+    wd.observe(3, "A")
+    clock.advance(1.5)  # 1 is 2.75 s in A: past its 2.5 s deadline (reported)
+    wd.check()
+    wd.observe(2, "Done")  # B's first stay (2.75 s)
+    exporter.export(wd.statistics(), wd.snapshot(requests=False))
+    get = registry.get_sample_value
+    assert get("k2_oldest", {"lane": "l1", "state": "A"}) == pytest.approx(2.75)
+    assert get("k2_deadline", {"lane": "l1", "state": "B"}) is None  # no deadline: no series
+    wd.observe(1, "Done")  # reported, then completed
+    wd.observe(3, "Done")
+    for _ in range(3):  # the same record exported again adds nothing
+        exporter.export(wd.statistics(), wd.snapshot(requests=False))
+    assert get("k2_deadline", {"lane": "l1", "state": "A"}) == 2.5
+    assert get("k2_deadline", {"lane": "l1", "state": "B"}) is None
+    assert get("k2_oldest", {"lane": "l1", "state": "A"}) == 0.0  # empty now
+    assert get("k2_completed_total", {"lane": "l1", "state": "A"}) == 1
+    assert get("k2_s_count", {"lane": "l1", "state": "A"}) == 2
+    assert get("k2_s_sum", {"lane": "l1", "state": "A"}) == pytest.approx(2.75 + 1.5)

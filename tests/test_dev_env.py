@@ -1,32 +1,24 @@
-"""tools/dev.py: the locks are current and exact, and setup shows its progress.
+"""tools/dev.py (tools/devlib): the locks are current and exact, every venv's install
+plan is the one pinned in tests/dev_plan.txt, and setup shows its progress.
 
 Nothing here installs or resolves anything (that is `python3 tools/dev.py lock`, which
-needs the package indexes): these tests read the committed locks and run dev.py's
-output handling on a stand-in command.
+needs the package indexes, and `env`/`docs`): these tests read the committed locks, run
+the builder dry (`plan`) and dev.py's output handling on a stand-in command.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from _tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_dev():
-    spec = importlib.util.spec_from_file_location("_stallguard_dev_tool", ROOT / "tools" / "dev.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-dev = load_dev()
+dev = load_tool("dev")
 
 
 @pytest.mark.parametrize("venv", dev.VENVS, ids=lambda v: v.name)
@@ -40,9 +32,9 @@ def test_lock_matches_its_inputs(venv):
 @pytest.mark.parametrize("venv", dev.VENVS, ids=lambda v: v.name)
 def test_every_locked_distribution_has_an_exact_version_and_a_hash(venv):
     text = venv.lock.read_text()
-    entries = re.findall(r"^(\S+)==(\S+) \\\n    --hash=sha256:([0-9a-f]{64})$", text, re.M)
+    entries = re.findall(r"^(\S+)==(\S+)((?: \\\n    --hash=sha256:[0-9a-f]{64})+)$", text, re.M)
     pins = [line for line in text.splitlines() if "==" in line and not line.startswith("#")]
-    assert len(entries) == len(pins) > 0  # every pin has exactly one sha256 below it
+    assert len(entries) == len(pins) > 0  # every pin has its sha256s below it
     names = [dev.canonical(n) for n, _v, _h in entries]
     assert len(names) == len(set(names))
     assert not set(names) & {dev.canonical(n) for n in dev.FORBIDDEN}
@@ -107,7 +99,7 @@ def test_pip_output_becomes_numbered_progress(capsys):
 
 
 def test_a_silent_command_gets_a_heartbeat(capsys, monkeypatch):
-    monkeypatch.setattr(dev, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(dev.common, "HEARTBEAT_S", 0.2)
     dev.run([sys.executable, "-c", "import time; time.sleep(1.6)"])
     out = capsys.readouterr().out
     assert re.search(r"\[dev\]   \.\.\. still running \(\d+s\): python\S* -c import time", out)
@@ -119,9 +111,11 @@ def test_the_demo_runs_the_real_servers_last_unless_opted_out(monkeypatch, opt_o
     the vLLM section, then the real-server fault matrix and advice run; the worst exit
     status wins. Stand-in commands: nothing is run."""
     calls = []
-    monkeypatch.setattr(dev, "env_command", lambda: 0)
+    monkeypatch.setattr(dev.runners, "env_command", lambda: 0)
     monkeypatch.setattr(
-        dev.subprocess, "call", lambda cmd, cwd: calls.append(cmd[2:]) or 3 * (len(calls) == 3)
+        dev.runners.subprocess,
+        "call",
+        lambda cmd, cwd: calls.append(cmd[2:]) or 3 * (len(calls) == 3),
     )
     args = ["--quick", "--no-real-servers"] if opt_out else ["--quick"]
     rc = dev.demo_command(args)
@@ -130,3 +124,221 @@ def test_the_demo_runs_the_real_servers_last_unless_opted_out(monkeypatch, opt_o
         expected += [["examples.real_servers", "faults"], ["examples.real_servers", "advice"]]
     assert calls == expected
     assert rc == (0 if opt_out else 3)
+
+
+# --------------------------------------------------------------------------- devlib
+
+PLAN = ROOT / "tests" / "dev_plan.txt"
+
+
+def plan_lines(specs) -> list[str]:
+    """The dry build of *specs*, keys and file hashes dropped (they hash this checkout's
+    paths and interpreter), the step names and commands kept."""
+    lines = dev.plan(specs)
+    return [re.sub(r" (key|sha)=[0-9a-f]{16}", "", line) for line in lines]
+
+
+def test_every_venvs_install_plan_is_the_pinned_one():
+    """What `env` and `docs` would run, command by command (`python3 tools/dev.py plan`,
+    nothing run). tests/dev_plan.txt was first written from the dev.py before the
+    split into tools/devlib, whose recorded steps, keys and commands were the same; a
+    change to a venv's steps shows here as a diff. Regenerate it with
+    `python3 tools/dev.py plan | sed -E 's/ (key|sha)=[0-9a-f]{16}//' > tests/dev_plan.txt`."""
+    assert plan_lines(dev.ALL) == PLAN.read_text().splitlines()
+
+
+def test_the_plan_runs_nothing_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(dev.common.subprocess, "Popen", None)  # any real run fails
+    monkeypatch.setattr(dev.checks.subprocess, "run", None)
+    before = sorted(p.name for p in ROOT.iterdir())
+    lines = plan_lines(dev.ALL)
+    assert sum(line.startswith("  run ") for line in lines) > 10
+    assert sorted(p.name for p in ROOT.iterdir()) == before
+    assert dev.common.RECORD is None  # back to running commands
+
+
+def test_each_venv_is_built_by_the_one_builder_with_its_own_steps():
+    """The plan's steps per venv: the locked ones install their lock in one step, the
+    overlays write .venv's site-packages into a .pth and use .venv's pip, .venv-vllm
+    installs its pinned groups one step each, .venv-docs uses its own pip."""
+    lines = plan_lines(dev.ALL)
+    steps = [line.split(" ", 1)[1] for line in lines if line.startswith("step ")]
+    assert steps[:3] == ["packages", "libibverbs1 (system package: only when missing)",
+                         "prometheus (system package: only when missing)"]  # fmt: skip
+    for name in ("sglang0517", "realsrv", *(g.name for g in dev.VLLM_VENV.groups)):
+        assert name in steps
+    runs = [line for line in lines if line.startswith("  run ")]
+    docs = [r for r in runs if ".venv-docs" in r]
+    assert docs and all(
+        r.startswith("  run <ROOT>/.venv-docs/bin/python -m pip install") for r in docs
+    )
+    assert any("-r <ROOT>/tools/lock/venv-docs.txt" in r for r in docs)
+    overlay = [r for r in runs if "--python <ROOT>/.venv-sglang0517/bin/python" in r]
+    assert overlay and overlay[0].startswith("  run <ROOT>/.venv/bin/python -m pip")
+    vllm = [r for r in runs if "--python <ROOT>/.venv-vllm/bin/python" in r]
+    assert len(vllm) == len(dev.VLLM_VENV.groups) + 2  # the groups, then two editables
+    assert all("-c <ROOT>/tools/constraints-vllm.txt --no-deps" in r for r in vllm)
+
+
+def test_the_docs_venv_holds_sphinx_and_no_engine():
+    _inputs, pins = dev.read_lock(dev.DOCS)
+    for name in ("sphinx", "myst-parser", "furo", "attrs", "anyio", "opentelemetry-api"):
+        assert name in pins, name
+    for name in ("torch", "sglang", "vllm", "nixl", "pytest", "hypothesis", "numpy"):
+        assert name not in pins, name
+    reqs = {dev.requirement_name(r) for r in dev.project_requirements(dev.DOCS)}
+    assert {"sphinx", "myst-parser", "furo", "transitions"} <= reqs
+    assert "pytest" not in reqs  # only the `docs` dependency group
+
+
+def test_radon_and_the_locker_are_locked_in_the_dev_venv():
+    _inputs, pins = dev.read_lock(dev.MAIN)
+    assert pins["radon"] == "6.0.1"
+    assert pins["uv"] == dev.locking.UV_VERSION
+
+
+PIP_CONFIG = """\
+:env:.default-timeout='180'
+:env:.find-links='/opt/wheels'
+global.constraint='/etc/xdg/pip/constraints.txt'
+global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'
+global.find-links='/opt/wheels'
+"""
+
+
+def test_uv_gets_the_machines_pip_sources():
+    """uv reads no pip.conf: the find-links directory (the local torch CPU wheel), the
+    extra indexes and the global constraints are handed over, each once."""
+    assert dev.pip_sources(PIP_CONFIG) == [
+        "--extra-index-url", "file:///opt/pypi/simple",
+        "--extra-index-url", "file:///opt/pypi-more/simple",
+        "--find-links", "/opt/wheels",
+        "--constraint", "/etc/xdg/pip/constraints.txt",
+    ]  # fmt: skip
+    assert dev.pip_sources("") == []
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# a value has no whitespace (pip splits a list option's value on it, as str.split does)
+_value = st.text(
+    st.characters(blacklist_categories=("Zs", "Zl", "Zp", "Cc", "Cs"), blacklist_characters="'"),
+    min_size=1,
+).filter(lambda v: v.split() == [v])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["global", ":env:", "install", "site"]),
+            st.sampled_from(
+                ["find-links", "index-url", "extra-index-url", "constraint", "timeout"]
+            ),
+            st.lists(_value, min_size=1, max_size=3),
+        ),
+        max_size=6,
+    ),
+    st.text(max_size=40),
+)
+def test_pip_sources_keeps_every_source_once_and_nothing_else(entries, junk):
+    """Any `pip config list` output, with a junk line: every source value comes out
+    once after its flag, unknown keys and junk are ignored."""
+    text = "\n".join(f"{scope}.{key}='{' '.join(vals)}'" for scope, key, vals in entries)
+    args = dev.pip_sources(text + "\n" + junk.replace("'", ""))
+    pairs = list(zip(args[::2], args[1::2], strict=True))
+    flags = {"find-links": "--find-links", "index-url": "--index-url",
+             "extra-index-url": "--extra-index-url", "constraint": "--constraint"}  # fmt: skip
+    expected = {(flags[k], v) for _s, k, vals in entries if k in flags for v in vals}
+    assert set(pairs) >= expected
+    assert len(pairs) == len(set(pairs))
+    assert all(flag in flags.values() for flag, _v in pairs)
+
+
+def test_a_lock_written_from_uvs_output_reads_back(tmp_path, monkeypatch):
+    """uv's output (several hashes per version) -> the lock's text -> the pins `env`
+    checks; two passes disagreeing on a version is an error naming the package."""
+    uv_out = (
+        "attrs==26.1.0 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64
+        + "\nTorch==2.13.0+cpu \\\n    --hash=sha256:" + "c" * 64 + "\n"
+    )  # fmt: skip
+    found = dev.locking.parse_compiled(uv_out)
+    assert found == {
+        "attrs": ("attrs", "26.1.0", ("a" * 64, "b" * 64)),
+        "torch": ("Torch", "2.13.0+cpu", ("c" * 64,)),
+    }
+    spec = dev.VenvSpec("lockcheck", tmp_path, dev.MAIN.constraints, ())
+    object.__setattr__(spec, "lock", ROOT / "tools" / "lock" / "venv.txt")  # a path in ROOT
+    text = dev.locking.lock_text(spec, found)
+    lock = tmp_path / "lock.txt"
+    lock.write_text(text)
+    object.__setattr__(spec, "lock", lock)
+    inputs, pins = dev.read_lock(spec)
+    assert pins == {"attrs": "26.1.0", "torch": "2.13.0+cpu"}
+    assert inputs == dev.lock_inputs(spec)
+    with pytest.raises(dev.StepError, match="uv reported no sha256 for x==1"):
+        dev.locking.parse_compiled("x==1\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "rc", "said"),
+    [
+        (["env", "x"], 2, "env takes no arguments"),
+        (["docs", "--now"], 2, "docs takes no arguments"),
+        (["lint", "x"], 2, "lint takes no arguments"),
+        (["nope"], 2, "unknown command 'nope'"),
+        (["plan", ".venv-nope"], 1, "no venv named ['.venv-nope']"),
+        (["lock", "nope"], 1, "no venv named ['nope']"),
+    ],
+)
+def test_bad_command_lines_are_refused_by_name(argv, rc, said, capsys):
+    assert dev.main(argv) == rc
+    out = capsys.readouterr()
+    assert said in out.out + out.err
+
+
+def test_plan_of_one_venv_prints_only_its_steps(capsys):
+    assert dev.main(["plan", "venv-realsrv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "venv .venv-realsrv (<ROOT>/.venv-realsrv)"
+    assert out[1].startswith("step realsrv key=")
+    assert all(".venv-realsrv" in line or not line.startswith("  run") for line in out)
+
+
+def test_steps_skip_what_is_stamped_and_defer_what_may_fail(tmp_path, capsys):
+    """A step whose key is stamped is skipped; a new key runs it again; a deferred
+    failure is listed and not stamped (the next run retries), a plain one stops."""
+    stamps = dev.Stamps(tmp_path)
+    steps = dev.build.Steps()
+    calls = []
+
+    def ok(name):
+        return lambda: calls.append(name) or f"{name} done"
+
+    def broken():
+        raise dev.StepError("no wheel")
+
+    steps("a", "k1", ok("a"), stamps)
+    steps("a", "k1", ok("a"), stamps)  # stamped: skipped
+    steps("a", "k2", ok("a2"), stamps)  # its inputs changed
+    steps("b", "k1", broken, stamps, defer_failure=True)
+    with pytest.raises(dev.StepError, match="no wheel"):
+        steps("c", "k1", broken, stamps)
+    assert calls == ["a", "a2"]
+    assert (steps.ran, steps.skipped) == (2, 1)
+    assert steps.deferred == ["b: no wheel"]
+    assert dev.Stamps(tmp_path).data == {"a": "k2"}  # on disk; b and c not stamped
+    assert "[dev] b: FAILED after" in capsys.readouterr().out
+
+
+def test_docs_builds_only_the_docs_venv_and_runs_sphinx_there(monkeypatch):
+    """`docs` no longer builds torch, SGLang and vLLM to run Sphinx. Stand-ins: nothing
+    is built or run."""
+    built, ran = [], []
+    monkeypatch.setattr(dev.build, "build_all", lambda specs: built.append(specs) or 0)
+    monkeypatch.setattr(dev.runners.subprocess, "call", lambda cmd, cwd: ran.append(cmd) or 0)
+    assert dev.main(["docs"]) == 0
+    assert built == [(dev.DOCS,)]
+    (cmd,) = ran
+    assert cmd[:3] == [str(ROOT / ".venv-docs" / "bin" / "python"), "-m", "sphinx"]
+    assert "-W" in cmd and "-n" in cmd

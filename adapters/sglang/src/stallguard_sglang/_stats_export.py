@@ -29,9 +29,9 @@ for why):
 The requests the deadline fired on are the adapter's existing counters
 (``sglang:stallguard_forced_failures_total``, ``..._stalls_reported_total``).
 
-Cost: the recording is the core's (a bucket lookup per state change); the export runs
-once a second per lane (a copy and a diff of ~760 counts per state) and costs nothing in
-between but a comparison.
+Cost: the recording is the core's (a bucket lookup per state change); the export
+(``stallguard.adapters.StatisticsExporter``) runs once a second per lane (a copy and a
+diff of ~760 counts per state) and costs nothing in between but a comparison.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from stallguard import StateStatistics, Watchdog
-from stallguard.adapters import LADDER, add_to_histogram, ladder_counts
+from stallguard import Watchdog
+from stallguard.adapters import StatisticsExporter, histogram_buckets
 
 from . import _metrics
 
@@ -108,7 +108,7 @@ def _create() -> dict[str, Any] | None:
                     "Seconds a prefill KV-sender request stayed in a KVPoll state of a "
                     "stallguard-guarded queue (recorded when it left the state).",
                     labelnames=names,
-                    buckets=(*LADDER, math.inf),
+                    buckets=histogram_buckets(),
                 ),
                 "deadline": Gauge(
                     DEADLINE,
@@ -140,7 +140,11 @@ def _create() -> dict[str, Any] | None:
 
 
 class LaneStats:
-    """Time-in-state recording and export for one lane (see the module docstring).
+    """Time-in-state export for one lane (see the module docstring): the metrics are
+    the adapter's (names, help, labels, multiprocess modes); what is exported, and when
+    a state's series first appear, is :class:`stallguard.adapters.StatisticsExporter`'s,
+    reading the lane watchdog's own record (``Watchdog.statistics()``, one record per
+    stay, and ``Watchdog.snapshot(requests=False)`` for the oldest ages).
 
     Args:
         wd: the lane's watchdog (its spec, mode and would-be false positives).
@@ -151,16 +155,7 @@ class LaneStats:
         clock: the lane's clock.
     """
 
-    __slots__ = (
-        "_completed",
-        "_due",
-        "_sent",
-        "backend",
-        "clock",
-        "labels",
-        "queue",
-        "wd",
-    )
+    __slots__ = ("_due", "_exporter", "backend", "clock", "labels", "queue", "wd")
 
     def __init__(
         self,
@@ -180,9 +175,7 @@ class LaneStats:
         #: every label after ``state``, by name (read when the metrics exist)
         self.labels = known
         self._due = -math.inf
-        # per state: ladder-bucket counts and sum already exported
-        self._sent: dict[str, tuple[list[int], float]] = {}
-        self._completed: dict[str, int] = {}
+        self._exporter: StatisticsExporter | None = None
 
     def tick(self, now: float) -> None:
         """Export if :data:`EXPORT_PERIOD` passed since the last export (queue loop)."""
@@ -192,47 +185,22 @@ class LaneStats:
 
     def export(self) -> None:
         """Add what was recorded since the last export to the Prometheus metrics."""
-        metrics = _created if _created is not None else _create()
-        if metrics is None:
-            return
+        exporter = self._exporter
+        if exporter is None:
+            metrics = _created if _created is not None else _create()
+            if metrics is None:
+                return
+            labels = {"queue": self.queue, "backend": self.backend}
+            labels.update((name, str(self.labels.get(name, ""))) for name in _extra)
+            exporter = self._exporter = StatisticsExporter(
+                metrics["seconds"],
+                labels=labels,
+                deadline=metrics["deadline"],
+                completed=metrics["completed"],
+                oldest=metrics["oldest"],
+            )
+        wd = self.wd
         try:
-            self._export(metrics)
+            exporter.export(wd.statistics(), wd.snapshot(requests=False))
         except Exception:  # a metrics problem must never break the scheduler loop
             log.exception("stallguard-sglang: could not export time-in-state metrics")
-
-    def _values(self, state: str) -> list[str]:
-        return [
-            self.queue,
-            self.backend,
-            state,
-            *(str(self.labels.get(name, "")) for name in _extra),
-        ]
-
-    def _export(self, metrics: dict[str, Any]) -> None:
-        stats = self.wd.statistics()
-        for label, summary in self.wd.snapshot(requests=False).states.items():
-            age = summary.oldest_age
-            metrics["oldest"].labels(*self._values(label)).set(age or 0.0)
-        for label, s in stats.states.items():
-            self._export_state(metrics, label, s)
-            done = s.fired_completed
-            before = self._completed.get(label, 0)
-            if done > before:
-                metrics["completed"].labels(*self._values(label)).inc(done - before)
-                self._completed[label] = done
-
-    def _export_state(self, metrics: dict[str, Any], label: str, s: StateStatistics) -> None:
-        """Add one state's new stays to the histogram (and set its deadline gauge once)."""
-        dist = s.distribution
-        sent = self._sent.get(label)
-        if sent is None:
-            sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
-            if s.deadline is not None:  # no deadline: no series (not 0)
-                metrics["deadline"].labels(*self._values(label)).set(s.deadline)
-        elif sum(sent[0]) == dist.count:
-            return  # nothing new in this state
-        fine = dist.counts
-        counts = ladder_counts(fine)
-        child = metrics["seconds"].labels(*self._values(label))
-        add_to_histogram(child, counts, dist.total - sent[1], sent[0])
-        self._sent[label] = (counts, dist.total)

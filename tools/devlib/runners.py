@@ -1,0 +1,108 @@
+"""What runs in the venvs: the test suite, the demo, the docs site, the linters."""
+
+from __future__ import annotations
+
+import subprocess
+
+from . import build
+from .common import ROOT, VENV, log, venv_python
+from .envs import DOCS, VENV_VLLM
+
+
+def env_command() -> int:
+    # looked up on the module at each call (the tests replace it)
+    return build.env_command()
+
+
+def test_command(args: list[str]) -> int:
+    rc = env_command()
+    if rc:
+        return rc
+    # the slowest tests are printed, so a run that grows toward CI's budget says where
+    cmd = [str(venv_python(VENV)), "-m", "pytest", "--durations=30", *args]
+    log("test: " + " ".join(cmd))
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc == 5:
+        log("test: pytest collected no tests (exit 5) -- treated as a failure")
+    return rc
+
+
+def demo_commands(args: list[str]) -> list[list[str]]:
+    """The demo's commands, in order: the harness demo (*args* passed on, minus
+    ``--no-real-servers``), the vLLM section, then (unless opted out) the real-server
+    fault matrix and report -> advise -> enforce."""
+    real_servers = "--no-real-servers" not in args
+    args = [a for a in args if a != "--no-real-servers"]
+    py = str(venv_python(VENV))
+    cmds = [[py, "-m", "examples.pd_wedge", *args], [py, "-m", "examples.vllm_wedge"]]
+    if real_servers:
+        cmds += [[py, "-m", "examples.real_servers", part] for part in ("faults", "advice")]
+    return cmds
+
+
+DEMO_LABELS = ("demo", "demo (vLLM)", "demo (real servers, faults)", "demo (real servers, advice)")
+
+
+def demo_command(args: list[str]) -> int:
+    """The project's main job: the PD wedge on real NIXL and Mooncake engines, run
+    without and with stallguard-sglang (examples/pd_wedge; docs/demo.md), the vLLM
+    section (vLLM's NIXL connector with and without stallguard-vllm, run in .venv-vllm:
+    examples/vllm_wedge.py), then the same incident and four more faults on real SGLang
+    servers behind the real sglang-router, and report -> advise -> enforce on them
+    (examples/real_servers, about 12-20 minutes and 10 more on 2 busy cores; skipped
+    with ``--no-real-servers``, which is not passed on to examples/pd_wedge). The worst
+    exit status wins."""
+    rc = env_command()
+    if rc:
+        return rc
+    for label, cmd in zip(DEMO_LABELS, demo_commands(args), strict=False):
+        log(f"{label}: " + " ".join(cmd))
+        rc = max(rc, subprocess.call(cmd, cwd=ROOT))
+    return rc
+
+
+def docs_command() -> int:
+    """The docs site (docs/conf.py), built as strictly as the test suite builds it, in
+    .venv-docs: Sphinx, MyST, furo and the documented projects only (built on first use;
+    no torch, SGLang or vLLM)."""
+    rc = build.locked_env(lambda: build.build_all((DOCS,)))
+    if rc:
+        return rc
+    out = ROOT / "docs" / "_build" / "html"
+    cmd = [str(venv_python(DOCS.path)), "-m", "sphinx", "-W", "--keep-going", "-n", "-b", "html"]
+    cmd += [str(ROOT / "docs"), str(out)]
+    log("docs: " + " ".join(cmd))
+    rc = subprocess.call(cmd, cwd=ROOT)
+    if rc == 0:
+        log(f"docs: open file://{out / 'index.html'}")
+    return rc
+
+
+def lint_commands() -> list[list[str]]:
+    """ruff (check, format), mypy --strict as the suite runs it (tests/test_typing.py:
+    the core and stallguard-sglang from the root config, stallguard-vllm in .venv-vllm
+    with its own), and radon's shape of the watchdog and the adapters."""
+    py = str(venv_python(VENV))
+    cmds = [
+        [py, "-m", "ruff", "check", str(ROOT)],
+        [py, "-m", "ruff", "format", "--check", str(ROOT)],
+        [py, "-m", "mypy", "--no-error-summary"],
+    ]
+    if venv_python(VENV_VLLM).exists():
+        cmds.append(
+            [py, "-m", "mypy", "--no-error-summary", "--config-file",
+             "adapters/vllm/pyproject.toml", "--python-executable",
+             str(venv_python(VENV_VLLM)), "adapters/vllm/src/stallguard_vllm"]
+        )  # fmt: skip
+    cmds.append([py, str(ROOT / "tools" / "shape.py")])
+    return cmds
+
+
+def lint_command() -> int:
+    rc = env_command()
+    if rc:
+        return rc
+    for cmd in lint_commands():
+        log("lint: " + " ".join(cmd))
+        rc = max(rc, subprocess.call(cmd, cwd=ROOT))
+    return rc

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""The code's shape, measured with radon (in .venv's lock), against issue 23's targets.
+
+    .venv/bin/python tools/shape.py           print the figures (exit 0)
+    .venv/bin/python tools/shape.py --check   exit 1 if a block of the watchdog modules
+                                              or the adapters is graded worse than C
+
+Figures: the ``Watchdog`` class's length in lines (target: about 600 or fewer), the
+worst cyclomatic-complexity blocks of the watchdog's modules (the hot path: target, none
+above grade C), the average complexity of the core, of the watchdog's modules and of
+each adapter (the anchors: 2-2.7), and the maintainability index of ``_watchdog.py``.
+A missed target is printed as missed, with its figure (docs/performance.md records
+them); ``--check`` enforces only the grade ceiling, which holds.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from radon.complexity import cc_rank, cc_visit  # type: ignore[import-untyped]
+from radon.metrics import mi_visit  # type: ignore[import-untyped]
+
+ROOT = Path(__file__).resolve().parent.parent
+#: the watchdog and the modules it was split into (the hot path)
+WATCHDOG = ["_watchdog", "_fifo", "_delivery", "_guard", "_views"]
+AREAS = {
+    "core (stallguard/)": ROOT / "stallguard",
+    "stallguard-sglang": ROOT / "adapters" / "sglang" / "src",
+    "stallguard-vllm": ROOT / "adapters" / "vllm" / "src",
+}
+WATCHDOG_LINES_TARGET = 600
+ANCHORS = (2.0, 2.7)
+CEILING = "C"  # no block graded worse in the hot path and the adapters
+
+
+@dataclass(frozen=True)
+class Block:
+    path: str
+    name: str
+    complexity: int
+
+    @property
+    def grade(self) -> str:
+        return str(cc_rank(self.complexity))
+
+
+def blocks(path: Path) -> list[Block]:
+    """Every function, method and class of *path* with its cyclomatic complexity, as
+    ``radon cc`` lists them (a class's figure is radon's own for the class)."""
+    rel = str(path.relative_to(ROOT))
+    return [
+        Block(rel, getattr(item, "fullname", item.name), int(item.complexity))
+        for item in cc_visit(path.read_text())
+    ]
+
+
+def files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def average(found: list[Block]) -> float:
+    """The mean complexity of the blocks (radon's ``cc -a`` average)."""
+    return sum(b.complexity for b in found) / len(found) if found else 0.0
+
+
+def watchdog_lines() -> int:
+    for item in cc_visit((ROOT / "stallguard" / "_watchdog.py").read_text()):
+        if item.name == "Watchdog" and hasattr(item, "methods"):
+            return int(item.endline - item.lineno + 1)
+    raise SystemExit("stallguard/_watchdog.py has no class Watchdog")
+
+
+def figures() -> dict[str, object]:
+    """Everything printed, by name (tests/test_shape.py reads it)."""
+    hot = [b for m in WATCHDOG for b in blocks(ROOT / "stallguard" / f"{m}.py")]
+    areas = {name: [b for p in files(root) for b in blocks(p)] for name, root in AREAS.items()}
+    mi = mi_visit((ROOT / "stallguard" / "_watchdog.py").read_text(), multi=True)
+    return {
+        "watchdog_lines": watchdog_lines(),
+        "hot_worst": sorted(hot, key=lambda b: -b.complexity)[:5],
+        "hot_average": average(hot),
+        "averages": {name: average(found) for name, found in areas.items()},
+        "over_ceiling": [
+            b
+            for b in [*hot, *areas["stallguard-sglang"], *areas["stallguard-vllm"]]
+            if b.grade > CEILING
+        ],
+        "watchdog_mi": float(mi),
+    }
+
+
+def report(f: dict[str, object]) -> list[str]:
+    lines_ = f["watchdog_lines"]
+    assert isinstance(lines_, int)
+    met = "met" if lines_ <= WATCHDOG_LINES_TARGET else "MISSED"
+    out = [f"Watchdog: {lines_} lines (target about {WATCHDOG_LINES_TARGET} or fewer: {met})"]
+    worst = f["hot_worst"]
+    assert isinstance(worst, list)
+    out.append(
+        "hot path (stallguard/" + ", ".join(WATCHDOG) + "): worst "
+        + ", ".join(f"{b.name} {b.grade}{b.complexity}" for b in worst)
+    )  # fmt: skip
+    out.append(f"hot path average complexity: {f['hot_average']:.2f}")
+    averages = f["averages"]
+    assert isinstance(averages, dict)
+    for name, value in averages.items():
+        near = "within" if value <= ANCHORS[1] else "above"
+        out.append(f"{name} average complexity: {value:.2f} ({near} the anchors' 2-2.7)")
+    over = f["over_ceiling"]
+    assert isinstance(over, list)
+    out.append(
+        f"blocks graded worse than {CEILING} (hot path, adapters): "
+        + (", ".join(f"{b.path}:{b.name} {b.grade}{b.complexity}" for b in over) or "none")
+    )
+    out.append(f"maintainability index of stallguard/_watchdog.py: {f['watchdog_mi']:.1f}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    f = figures()
+    print("\n".join(report(f)))
+    if "--check" in argv and f["over_ceiling"]:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
