@@ -342,3 +342,24 @@ def test_docs_builds_only_the_docs_venv_and_runs_sphinx_there(monkeypatch):
     (cmd,) = ran
     assert cmd[:3] == [str(ROOT / ".venv-docs" / "bin" / "python"), "-m", "sphinx"]
     assert "-W" in cmd and "-n" in cmd
+
+
+# --------------------------------------------------------------- test workers (xdist)
+def test_the_suite_runs_on_two_workers_by_default_each_file_a_group():
+    assert dev.runners.worker_args([], {}) == ["-n", "2", "--dist", "loadgroup"]
+    assert dev.runners.worker_args([], {"STALLGUARD_TEST_WORKERS": "0"}) == []
+    assert dev.runners.worker_args([], {"STALLGUARD_TEST_WORKERS": "3"})[:2] == ["-n", "3"]
+    # arguments that choose workers themselves win
+    for args in (["-n", "4"], ["-n4"], ["--numprocesses=1"], ["-p", "no:xdist"]):
+        assert dev.runners.worker_args(args, {}) == [], args
+
+
+@given(st.text(max_size=12))
+def test_a_bad_worker_count_is_named_with_its_value(raw):
+    try:
+        got = dev.runners.worker_args([], {"STALLGUARD_TEST_WORKERS": raw})
+    except dev.StepError as exc:
+        assert str(exc).startswith(f"STALLGUARD_TEST_WORKERS={raw!r}: must be a whole number")
+    else:
+        n = int(raw)
+        assert 0 <= n <= 64 and got == ([] if n == 0 else ["-n", str(n), "--dist", "loadgroup"])

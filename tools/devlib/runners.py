@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 
 from . import build
-from .common import ROOT, VENV, log, venv_python
+from .common import ROOT, VENV, StepError, log, venv_python
 from .envs import DOCS, VENV_VLLM
 
 
@@ -14,12 +16,33 @@ def env_command() -> int:
     return build.env_command()
 
 
+#: pytest-xdist workers of `test` (CI has 2 cores); STALLGUARD_TEST_WORKERS overrides,
+#: 0 runs the suite in one process. Each test file is one xdist group (conftest.py).
+WORKERS = "2"
+
+
+def worker_args(args: list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """The pytest-xdist arguments of `test`: none when *args* choose workers themselves
+    (``-n``/``--numprocesses``, ``-p no:xdist``) or STALLGUARD_TEST_WORKERS is 0."""
+    environ = os.environ if environ is None else environ
+    if "no:xdist" in args or any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):
+        return []
+    raw = environ.get("STALLGUARD_TEST_WORKERS", WORKERS)
+    if not re.fullmatch(r"[0-9]{1,2}", raw.strip(" ")) or int(raw) > 64:
+        raise StepError(
+            f"STALLGUARD_TEST_WORKERS={raw!r}: must be a whole number of workers from 0 "
+            "(one process, no xdist) to 64"
+        )
+    n = int(raw)
+    return [] if n == 0 else ["-n", str(n), "--dist", "loadgroup"]
+
+
 def test_command(args: list[str]) -> int:
     rc = env_command()
     if rc:
         return rc
     # the slowest tests are printed, so a run that grows toward CI's budget says where
-    cmd = [str(venv_python(VENV)), "-m", "pytest", "--durations=30", *args]
+    cmd = [str(venv_python(VENV)), "-m", "pytest", "--durations=30", *worker_args(args), *args]
     log("test: " + " ".join(cmd))
     rc = subprocess.call(cmd, cwd=ROOT)
     if rc == 5:
