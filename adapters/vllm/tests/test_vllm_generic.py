@@ -142,9 +142,9 @@ def test_mooncake_late_write_never_touches_another_request(mc: Any) -> None:
     assert guarded["new_owner_bytes"] > 0
     assert guarded["new_owner_bytes_changed"] == 0, guarded
     assert len(guarded["held_at_failure"]) == 4
-    assert guarded["late_bytes_in_failed_blocks"] > 0, guarded
-    assert guarded["failed_bytes_from_prefill"] == guarded["late_bytes_in_failed_blocks"]
-    assert unsafe["new_owner_bytes_changed"] == guarded["late_bytes_in_failed_blocks"]
+    assert guarded["late_bytes_in_held_blocks"] > 0, guarded
+    assert guarded["failed_bytes_from_prefill"] == guarded["late_bytes_in_held_blocks"]
+    assert unsafe["new_owner_bytes_changed"] == guarded["late_bytes_in_held_blocks"]
     assert not guarded["still_held"] and after["held_sg"] == 0
     assert after["quarantine"]["holds"] == 0
     assert after["quarantine"]["released"] == {"transfer_done": 2}
