@@ -7,6 +7,9 @@ vLLM. Exit status:
 * 2: bad input: an invalid configuration, or bad arguments (a one-line message);
 * 3: vLLM is not installed here (the table is still printed);
 * 4: the installed vLLM is outside the supported range.
+
+``python -m stallguard_vllm advise ...`` suggests phase deadlines from vLLM's metrics
+(``--help`` lists its options; :mod:`stallguard_vllm.advise`, docs/advice.md).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ _VersionAction = version_action(lambda: SUPPORT.versions_line("stallguard-vllm")
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
+    from . import advise as _advise
+
     parser = OneLineParser(
         prog="python -m stallguard_vllm",
         description="Validate stallguard-vllm's configuration and print the coverage "
@@ -38,6 +43,20 @@ def main(argv: list[str] | None = None) -> int:
         epilog="exit status: 0 valid and supported, 2 bad configuration or arguments, "
         "3 vLLM not installed, 4 vLLM outside the supported range",
     )
+    commands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        title="commands",
+        description="without a command: validate the configuration and print the table",
+        parser_class=OneLineParser,
+    )
+    advise = commands.add_parser(
+        "advise",
+        help="suggest phase deadlines from vLLM's metrics (docs/advice.md)",
+        description=_advise.DESCRIPTION,
+        epilog="exit status: 0 advice printed, 2 bad arguments or input",
+    )
+    _advise.add_arguments(advise)
     parser.add_argument(
         "--config",
         metavar="PATH",
@@ -55,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lease", type=seconds_arg, help="the prefill's kv_lease_duration (default: vLLM's 30 s)"
     )
     args = parser.parse_args(argv)
+    if args.command == "advise":
+        return _advise.run(args)
     try:
         config = connector_config({ENV_CONFIG: args.config} if args.config is not None else None)
     except ConfigError as e:  # (connector_config turns every failure into one)
