@@ -70,7 +70,7 @@ def run(out_dir: Path) -> dict[str, Any]:
     config = out_dir / "stallguard-vllm.toml"
     config.write_text(CONFIG)
     sys.path.insert(0, str(SCENARIOS))
-    from vllm_scenarios import subprocess_env  # (standard library only, at import)
+    from vllm_scenarios import read_result, subprocess_env  # (standard library only)
 
     env = subprocess_env()
     procs = {}
@@ -92,15 +92,11 @@ def run(out_dir: Path) -> dict[str, Any]:
                 proc.wait()
     merged: dict[str, Any] = {}
     for name, (proc, result) in procs.items():
-        if not result.exists():
-            raise RuntimeError(
-                f"the {name} run exited {proc.returncode} without a result: see "
-                f"{out_dir / f'vllm_{name}.log'}"
-            )
-        data = json.loads(result.read_text())
-        if "error" in data:
-            raise RuntimeError(f"the {name} run raised:\n{data['error']}")
-        merged.update(data["ok"])
+        log = f"see {out_dir / f'vllm_{name}.log'}"
+        try:
+            merged.update(read_result(result, proc.returncode, log))
+        except RuntimeError as e:
+            raise RuntimeError(f"the {name} run {e}") from None
     (out_dir / "vllm_results.json").write_text(json.dumps(merged, default=str))
     return merged
 

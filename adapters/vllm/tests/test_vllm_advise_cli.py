@@ -73,6 +73,19 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> str:
 ARGS = ["--min-samples", "10", "--floor", "1", "--margin", "2"]
 
 
+def cli(*argv: str) -> tuple[int | str | None, str, str]:
+    """``python -m stallguard_vllm`` in this process: (exit status, stdout, stderr)."""
+    with (
+        mock.patch("sys.stdout", new_callable=io.StringIO) as out,
+        mock.patch("sys.stderr", new_callable=io.StringIO) as err,
+    ):
+        try:
+            status: int | str | None = main(list(argv))
+        except SystemExit as e:  # argparse's own errors (and --help)
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
 def test_advise_is_a_subcommand_with_one_deadline_per_phase(
     metrics: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,14 +167,10 @@ def test_the_installed_command_line_runs_advise(metrics: str) -> None:
     ],
 )
 def test_a_bad_option_is_named_with_its_value(
-    metrics: str, capsys: pytest.CaptureFixture[str], option: str, value: str, says: str
+    metrics: str, option: str, value: str, says: str
 ) -> None:
     source = ["--prometheus", "http://127.0.0.1:1"] if option in ("--window", "--step") else []
-    try:
-        status = main(["advise", *(source or ["--file", metrics]), option, value])
-    except SystemExit as e:  # argparse's own errors
-        status = e.code
-    err = capsys.readouterr().err
+    status, _, err = cli("advise", *(source or ["--file", metrics]), option, value)
     assert status == 2
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert option in err and says in err, err
@@ -177,14 +186,8 @@ def test_a_bad_option_is_named_with_its_value(
         (["--prometheus", "http://127.0.0.1:1"], "--prometheus 'http://127.0.0.1:1'"),
     ],
 )
-def test_a_bad_source_is_one_line_naming_it(
-    capsys: pytest.CaptureFixture[str], argv: list[str], says: str
-) -> None:
-    try:
-        status = main(["advise", *argv])
-    except SystemExit as e:
-        status = e.code
-    err = capsys.readouterr().err
+def test_a_bad_source_is_one_line_naming_it(argv: list[str], says: str) -> None:
+    status, _, err = cli("advise", *argv)
     assert status == 2 and err.count("\n") == 1 and says in err, err
 
 
@@ -234,17 +237,9 @@ def test_advise_exits_0_or_2_with_one_line(
         path = os.path.join(tmp, "metrics.txt")
         with open(path, "wb") as f:
             f.write("\n".join(lines).encode("utf-8", "surrogatepass") + noise)
-        with (
-            mock.patch("sys.stdout", new_callable=io.StringIO),
-            mock.patch("sys.stderr", new_callable=io.StringIO) as err,
-        ):
-            try:
-                status = main(["advise", "--file", path, *argv])
-            except SystemExit as e:  # argparse
-                status = e.code
+        status, _, text = cli("advise", "--file", path, *argv)
     assert status in (0, 2)
     if status == 2:
-        text = err.getvalue()
         assert text.count("\n") == 1 and "Traceback" not in text, text
         assert text.startswith(("stallguard-vllm advise: ", "python -m stallguard_vllm advise:"))
         if "error: argument " in text:  # a bad option: named (with its value, if any)
@@ -269,15 +264,7 @@ def test_advise_prometheus_window_and_step_exit_2_with_one_line(
     the message names the option and the value, or the server."""
     argv = ["advise", "--prometheus", "http://127.0.0.1:1", "--window", window]
     argv += [] if step is None else ["--step", step]
-    with (
-        mock.patch("sys.stdout", new_callable=io.StringIO),
-        mock.patch("sys.stderr", new_callable=io.StringIO) as err,
-    ):
-        try:
-            status = main(argv)
-        except SystemExit as e:
-            status = e.code
-    text = err.getvalue()
+    status, _, text = cli(*argv)
     assert status == 2
     assert text.count("\n") == 1 and "Traceback" not in text, text
     # (too many points for Prometheus: "step 15s over a 604800s window ...")

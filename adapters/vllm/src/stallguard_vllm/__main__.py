@@ -43,20 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         epilog="exit status: 0 valid and supported, 2 bad configuration or arguments, "
         "3 vLLM not installed, 4 vLLM outside the supported range",
     )
-    commands = parser.add_subparsers(
-        dest="command",
-        metavar="COMMAND",
-        title="commands",
-        description="without a command: validate the configuration and print the table",
-        parser_class=OneLineParser,
+    # (without a command: validate the configuration and print the table)
+    commands = parser.add_subparsers(dest="command", title="commands", parser_class=OneLineParser)
+    advise = "suggest phase deadlines from vLLM's metrics (docs/advice.md)"
+    _advise.add_arguments(
+        commands.add_parser("advise", help=advise, description=_advise.DESCRIPTION)
     )
-    advise = commands.add_parser(
-        "advise",
-        help="suggest phase deadlines from vLLM's metrics (docs/advice.md)",
-        description=_advise.DESCRIPTION,
-        epilog="exit status: 0 advice printed, 2 bad arguments or input",
-    )
-    _advise.add_arguments(advise)
     parser.add_argument(
         "--config",
         metavar="PATH",

@@ -85,26 +85,14 @@ def advise_text(text: str, **kwargs: object) -> dict[str, Advice]:
     return out
 
 
-def _toml_number(seconds: float) -> str:
-    return str(int(seconds)) if seconds == int(seconds) else repr(seconds)
-
-
 def toml_block(advice: Advice) -> str:
     """One model's suggestions as stallguard-vllm's TOML file (``[decode]``,
     ``[prefill]``), what :func:`stallguard_vllm.parse_config` reads; a phase without a
     suggestion is a comment saying why (it keeps its configured deadline), a table
-    without any phase is left out."""
+    without any phase is left out (:meth:`stallguard.Advice.toml_lines`)."""
     lines = []
     for table, phases in _TABLES.items():
-        body = []
-        for state in phases:
-            s = advice.states.get(state)
-            if s is None:
-                continue
-            if s.suggested is None:
-                body.append(f"# {state}: no suggestion ({s.reason})")
-            else:
-                body.append(f"{state} = {_toml_number(s.suggested)}")
+        body = advice.toml_lines(phases)
         if body:
             lines += [f"[{table}]", *body, ""]
     return "\n".join(lines)
@@ -168,21 +156,50 @@ def _advise_arg(key: str, convert: Callable[[str], float], kind: str) -> Callabl
     return parse
 
 
+#: the sources (one of them): option, metavar, help
+_SOURCES = (
+    (
+        "--prometheus",
+        "URL",
+        "a Prometheus server (http://host:9090): its history over --window, every pod, "
+        "engine and restart summed",
+    ),
+    ("--url", "URL", "scrape this /metrics URL (vLLM's API server)"),
+    (
+        "--file",
+        "PATH",
+        "a saved exposition: Prometheus text, OpenMetrics (ending # EOF) or /federate output",
+    ),
+)
+#: stallguard.advise's parameters: option, metavar, default, its type and name, help
+_RULE = (
+    (
+        "--false-timeout-rate",
+        "RATE",
+        0.001,
+        float,
+        "a number",
+        "the share of healthy stays a suggested deadline may fail, in (0, 0.5] (default "
+        "0.001: the deadline is built on the 99.9th percentile)",
+    ),
+    ("--margin", "FACTOR", 2.0, float, "a number", "factor >= 1 applied to that percentile"),
+    ("--floor", "SECONDS", 10.0, float, "a number", "the shortest deadline to suggest, seconds"),
+    (
+        "--min-samples",
+        "N",
+        None,
+        int,
+        "an integer",
+        "stays a phase needs before it gets a suggestion (default: 10 / the rate, rounded up)",
+    ),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The advise command's options, on *parser*."""
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--prometheus",
-        metavar="URL",
-        help="a Prometheus server (http://host:9090): its history over --window, every "
-        "pod, engine and restart summed",
-    )
-    source.add_argument("--url", metavar="URL", help="scrape this /metrics URL (vLLM's API server)")
-    source.add_argument(
-        "--file",
-        metavar="PATH",
-        help="a saved exposition: Prometheus text, OpenMetrics (ending # EOF) or /federate output",
-    )
+    for option, metavar, text in _SOURCES:
+        source.add_argument(option, metavar=metavar, help=text)
     parser.add_argument(
         "--window",
         metavar="DURATION",
@@ -192,39 +209,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--step",
         metavar="DURATION",
-        default=None,
         help="with --prometheus: seconds between samples read (default: window / 1000, at "
         "least 15s; no longer than the scrape interval loses nothing at restarts)",
     )
-    parser.add_argument(
-        "--false-timeout-rate",
-        metavar="RATE",
-        type=_advise_arg("false_timeout_rate", float, "a number"),
-        default=0.001,
-        help="the share of healthy stays a suggested deadline may fail, in (0, 0.5] "
-        "(default 0.001: the deadline is built on the 99.9th percentile)",
-    )
-    parser.add_argument(
-        "--margin",
-        metavar="FACTOR",
-        type=_advise_arg("margin", float, "a number"),
-        default=2.0,
-        help="factor >= 1 applied to that percentile (default 2)",
-    )
-    parser.add_argument(
-        "--floor",
-        metavar="SECONDS",
-        type=_advise_arg("floor", float, "a number of seconds"),
-        default=10.0,
-        help="never suggest less than this many seconds (default 10)",
-    )
-    parser.add_argument(
-        "--min-samples",
-        metavar="N",
-        type=_advise_arg("min_samples", int, "an integer"),
-        default=None,
-        help="stays a phase needs before it gets a suggestion (default: 10 / the rate, rounded up)",
-    )
+    for option, metavar, default, convert, kind, text in _RULE:
+        parse = _advise_arg(option[2:].replace("-", "_"), convert, kind)
+        if default is not None and "(default" not in text:
+            text += f" (default {default:g})"
+        parser.add_argument(option, metavar=metavar, type=parse, default=default, help=text)
     parser.add_argument("--toml", action="store_true", help="print only the TOML")
 
 
