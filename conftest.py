@@ -10,7 +10,9 @@ examples may change (instrumentation hooks, metrics, the working directory) is r
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 from hypothesis import settings
@@ -18,6 +20,13 @@ from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent
+
+# stallguard-vllm is installed (editable) only in .venv-vllm, but its pure-Python parts
+# (config, advise, phases) are tested in .venv too, by tests/ as well as by
+# adapters/vllm/tests/: importable from the checkout for any selection of tests, not
+# only once adapters/vllm/tests/conftest.py happens to have been collected
+if importlib.util.find_spec("stallguard_vllm") is None:
+    sys.path.insert(0, str(ROOT / "adapters" / "vllm" / "src"))
 
 # Hypothesis profiles of the whole suite (tests/, adapters/*/tests/). No property test
 # here is about how long one example takes, and hypothesis's default 200 ms per-example

@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import collections.abc
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sphinx.errors import PycodeError
+from sphinx.ext.autodoc.mock import mock
 from sphinx.pycode import ModuleAnalyzer
 
 project = "stallguard"
@@ -30,6 +32,14 @@ author = "the stallguard developers"
 copyright = "the stallguard developers; Apache-2.0"
 
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+
+# stallguard-vllm's API pages: the package is pure Python (installed editable only in
+# .venv-vllm, so from the checkout here), and its connector module imports vLLM, which
+# the docs' environment does not have: autodoc imports it against stand-ins for vLLM's
+# and torch's modules (its own code and docstrings are what the page shows)
+if importlib.util.find_spec("stallguard_vllm") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adapters" / "vllm" / "src"))
+autodoc_mock_imports = ["vllm", "torch"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "img", "_static"]
@@ -62,10 +72,25 @@ _EXTERNAL = sorted(
     | set(sys.stdlib_module_names)
     | {"TypeVar", "ParamSpec", "TypeAlias", "Self", "NoneType", "Ellipsis", "..."}
 )
+_VLLM_TYPES = [
+    "KVCacheBlocks",
+    "KVCacheConfig",
+    "KVConnectorOutput",
+    "KVConnectorPromMetrics",
+    "KVConnectorStats",
+    "PromMetric",
+    "PromMetricT",
+    "Request",
+    "SchedulerOutput",
+    "VllmConfig",
+]
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!stallguard)\w+\..*"),
     (r"py:.*", "|".join(re.escape(n) for n in _EXTERNAL)),
+    # vLLM's classes in stallguard_vllm.connector's signatures (imported there only for
+    # type checking, so autodoc sees their bare names)
+    (r"py:class", "|".join(_VLLM_TYPES)),
     # the generic classes' type variables (Watchdog[K], Expiry[K], ...), not API names
     (r"py:.*", r"(stallguard(\.\w+)*\._\w+\.)?[A-Z]"),
 ]
@@ -82,7 +107,8 @@ autodoc_default_options["undoc-members"] = True
 def _attr_doc(modname: str, attr: str) -> list[str] | None:
     """The ``#:`` comment of *attr* in module *modname*, if any."""
     try:
-        return ModuleAnalyzer.for_module(modname).find_attr_docs().get(("", attr))
+        with mock(autodoc_mock_imports):  # (the analyzer imports the module; it caches)
+            return ModuleAnalyzer.for_module(modname).find_attr_docs().get(("", attr))
     except PycodeError:
         return None
 
@@ -107,15 +133,22 @@ def _reexported_doc_comment(
             return
 
 
+def _import(modname: str) -> Any:
+    """*modname*, imported the way autodoc imports it (autodoc_mock_imports)."""
+    with mock(autodoc_mock_imports):
+        return importlib.import_module(modname)
+
+
 def _constants(modname: str) -> list[str]:
     """The names of *modname*'s ``__all__`` that are neither classes, functions nor
     modules: autodoc's automodule leaves such re-exported values out, so the API pages
     get an ``autodata`` directive for each (see _add_constants)."""
-    module = importlib.import_module(modname)
+    module = _import(modname)
     return [
         n
         for n in getattr(module, "__all__", [])
-        if not (
+        if not _attr_doc(modname, n)  # defined and documented here: automodule has it
+        and not (
             inspect.isclass(v := getattr(module, n)) or inspect.isroutine(v) or inspect.ismodule(v)
         )  # values, type aliases (Mode, AsyncWait) and objects such as the default hooks
     ]
@@ -130,7 +163,7 @@ def _add_constants(app: Any, docname: str, source: list[str]) -> None:
     modname = m.group(1)
     names = _constants(modname)
     if names:
-        module = importlib.import_module(modname)
+        module = _import(modname)
 
         def directive(name: str) -> str:
             value = getattr(module, name)

@@ -156,6 +156,23 @@ class Advice:
         """The suggested deadlines, for the states that have one."""
         return {s.state: s.suggested for s in self.states.values() if s.suggested is not None}
 
+    def toml_lines(self, states: Iterable[str]) -> list[str]:
+        """*states*' suggestions as TOML lines of an adapter's deadline table, in that
+        order: ``State = seconds`` (an integer when whole), a ``# State: no suggestion
+        (why)`` comment for a state without one, nothing for a state this advice does
+        not have (it keeps its configured deadline either way)."""
+        lines = []
+        for state in states:
+            s = self.states.get(state)
+            if s is None:
+                continue
+            if s.suggested is None:
+                lines.append(f"# {state}: no suggestion ({s.reason})")
+            else:
+                whole = s.suggested == int(s.suggested)
+                lines.append(f"{state} = {int(s.suggested) if whole else repr(s.suggested)}")
+        return lines
+
     def table(self) -> str:
         """The advice as a fixed-width text table, with warnings below it."""
         head = (

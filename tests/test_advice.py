@@ -95,6 +95,22 @@ def test_not_enough_data():
     assert sg.advise(statistics([1.0] * 50), min_samples=50).states["Wait"].enough_data
 
 
+def test_toml_lines_are_an_adapters_deadline_table():
+    """What both adapters' advise commands print: a suggestion per state, in the order
+    asked, whole seconds as integers; a comment for a state without one; nothing for a
+    state the statistics do not have. The lines are TOML that gives those numbers."""
+    import tomllib
+
+    advice = sg.advise(statistics([0.3] * 20), min_samples=10, floor=0.5, margin=1)
+    lines = advice.toml_lines(["Nope", "Move", "Wait"])
+    assert lines[0].startswith("# Move: no suggestion (not enough data: 0 stays")
+    wait = advice.states["Wait"].suggested
+    assert wait is not None and lines[1:] == [f"Wait = {wait!r}"]
+    assert tomllib.loads("\n".join(lines)) == {"Wait": wait}
+    whole = sg.advise(statistics([1.0] * 20), min_samples=10).toml_lines(["Wait"])
+    assert whole == ["Wait = 10"] and tomllib.loads(whole[0]) == {"Wait": 10}
+
+
 def test_floor_and_beyond_a_week():
     assert sg.advise(statistics([0.01] * 10), min_samples=1).states["Wait"].suggested == 10.0
     advice = sg.advise(statistics([0.01] * 10), min_samples=1, floor=0)

@@ -1,8 +1,11 @@
 """The vLLM half of the demo (examples/vllm_wedge.py) runs and says what it found: the
-plain connector pinned, stallguard-vllm released (real vLLM + NIXL, in .venv-vllm)."""
+plain connector pinned, stallguard-vllm released (real vLLM + NIXL, and vLLM's Mooncake
+connector over the real Mooncake transfer engine through ``StallguardConnector``, in
+.venv-vllm)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,4 +36,34 @@ def test_vllm_wedge_demo_releases_what_plain_vllm_keeps_pinned(tmp_path: Path) -
     assert "| pull (READ) | stallguard | 0 of " in out, out
     assert "| push (WRITE) | stallguard | 0 of " in out, out
     assert "| pull (READ) | frees at once (control) | 32,768 of " in out, out
-    assert (tmp_path / "out" / "vllm_results.json").exists()
+    # the Mooncake half: pinned without stallguard, failed at its deadline with it (the
+    # same step as NIXL's: Receiving began at t = 1), its blocks quarantined, then the
+    # thaw's late WRITE lands in them and nowhere else
+    lines = out.splitlines()
+    mooncake = [
+        "| mooncake: pull from a frozen prefill | without | WAITING_FOR_REMOTE_KVS | 8 | nothing |",
+        "|  | with | FINISHED_ERROR at t=11 s | 8 (quarantined) | error response |",
+        "| mooncake: aborted while pulling | without | held | (included above) | - |",
+        "|  | with | held, quarantined | (included above) | - |",
+    ]
+    i = lines.index(mooncake[0])
+    assert lines[i : i + 4] == mooncake, out
+    healthy = (
+        "mooncake: healthy pull held up 6 s (0.6 x the deadline) by the frozen prefill: "
+        "FINISHED_LENGTH_CAPPED, never failed"
+    )
+    assert healthy in lines, out
+    assert "| mooncake (WRITE) | frees at once (control) | 32,768 of " in out, out
+    assert "| mooncake (WRITE) | stallguard | 0 of " in out, out
+    assert "quarantine (mooncake): 2 holds released (transfer_done), " in out, out
+    res = json.loads((tmp_path / "out" / "vllm_results.json").read_text())
+    assert {"pull", "push", "mooncake"} <= set(res)
+    mc = res["mooncake"]
+    assert mc["refinement"] == "MooncakeRefinement"  # StallguardConnector's Mooncake one
+    guarded = mc["after_thaw"]["guarded"]
+    # the patterned check: the late bytes in the quarantined blocks are the prefill's KV
+    assert guarded["late_bytes_in_held_blocks"] == guarded["held_bytes"] == 32_768, guarded
+    assert guarded["failed_bytes_from_prefill"] == 32_768, guarded
+    assert guarded["new_owner_bytes"] > 0 and guarded["new_owner_bytes_changed"] == 0, guarded
+    for name in ("vllm_wedge.png", "vllm_results.md", "vllm_nixl.log", "vllm_mooncake.log"):
+        assert (tmp_path / "out" / name).exists(), name

@@ -581,7 +581,7 @@ def test_advise_from_prometheus_history_covers_every_guarded_phase(world: dict[s
         world["vllm"]["texts"], "vllm:stallguard_state_seconds", {"model_name": "tiny"}
     )
     assert {s: a.count for s, a in vadvice.states.items()} == vexpected
-    for phase in ("Queued", "Receiving", "HeldForRead"):
+    for phase in ("Queued", "Receiving", "AbortedHeld", "HeldForRead"):
         assert vadvice.states[phase].suggested is not None, vadvice.table()
     assert PROMETHEUS_NAMES  # (the names advise asks the server for)
 

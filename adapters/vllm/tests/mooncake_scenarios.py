@@ -32,9 +32,6 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 SG_MODULE = "stallguard_vllm.connector"
-#: the prefill's Mooncake bootstrap server (HTTP) and the process groups' ports
-BOOTSTRAP_PORT = 8957
-P_INIT_PORT, D_INIT_PORT = 29641, 29642
 P_SEED = 31
 MOONCAKE_EXTRA = {"mooncake_protocol": "tcp", "num_workers": 2}
 
@@ -46,14 +43,15 @@ def _no_gpu() -> None:
     torch.accelerator.current_device_index = lambda: 0  # type: ignore[assignment]
 
 
-def prefill_process(inq: Any, outq: Any) -> None:
-    """A Mooncake prefill engine (vLLM's plain MooncakeConnector, kv_producer)."""
-    os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(BOOTSTRAP_PORT)
+def prefill_process(inq: Any, outq: Any, bootstrap_port: int, init_port: int) -> None:
+    """A Mooncake prefill engine (vLLM's plain MooncakeConnector, kv_producer), its
+    bootstrap server (HTTP) on *bootstrap_port*."""
+    os.environ["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
     sys.path.insert(0, HERE)
     _no_gpu()
     import vllm_engine as V
 
-    V.init_process(P_INIT_PORT)
+    V.init_process(init_port)
     e = V.engine(
         "kv_producer", "MP", connector="MooncakeConnector", extra=MOONCAKE_EXTRA, seed=P_SEED
     )
@@ -84,13 +82,21 @@ def prefill_process(inq: Any, outq: Any) -> None:
 
 
 class Prefill:
+    """The prefill child process (free ports: other runs may share the machine)."""
+
     def __init__(self) -> None:
         import vllm_scenarios as S
+        from vllm.utils.network_utils import get_open_port
 
         self._S = S
+        self.bootstrap_port = get_open_port()
         ctx = mp.get_context("spawn")
         self.inq, self.outq = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=prefill_process, args=(self.inq, self.outq), daemon=True)
+        self.proc = ctx.Process(
+            target=prefill_process,
+            args=(self.inq, self.outq, self.bootstrap_port, get_open_port()),
+            daemon=True,
+        )
         self.proc.start()
         try:
             ready = self.outq.get(timeout=600)
@@ -110,7 +116,7 @@ class Prefill:
             "do_remote_decode": False,
             "transfer_id": f"t-{rid}",
             "remote_engine_id": "MP",
-            "remote_bootstrap_addr": f"http://127.0.0.1:{BOOTSTRAP_PORT}",
+            "remote_bootstrap_addr": f"http://127.0.0.1:{self.bootstrap_port}",
         }
         return {"params": params, "blocks": got["blocks"]}
 
@@ -311,11 +317,13 @@ def _mooncake(P: Prefill, clock: Any, V: Any) -> dict[str, Any]:
     out["outputs_before_thaw"] = {k: list(v) for k, v in outputs.items() if not k.startswith("w-")}
     P.thaw()
     thawed = time.monotonic()
-    healthy_at = None
+    healthy_at = released_at = None
     while time.monotonic() - thawed < 60:
         tick(0.0)
         if healthy_at is None and status(guarded, "h-sg") != "WAITING_FOR_REMOTE_KVS":
             healthy_at = time.monotonic() - thawed
+        if released_at is None and "f-sg" not in guarded.scheduler.requests:
+            released_at = time.monotonic() - thawed
         done = (
             "f-sg" not in guarded.scheduler.requests
             and "a-sg" not in guarded.scheduler.requests
@@ -336,13 +344,16 @@ def _mooncake(P: Prefill, clock: Any, V: Any) -> dict[str, Any]:
             "held_when_new_owners_came": b["still"],
             "new_owner_bytes": len(b["free"]) * block_bytes,
             "new_owner_bytes_changed": V.bytes_changed(e, b["free"]),
-            "late_bytes_in_failed_blocks": V.bytes_changed_since(e, b["content"], b["held"]),
+            "late_bytes_in_held_blocks": V.bytes_changed_since(e, b["content"], b["held"]),
+            # (the control's were freed at the failure: new owners have them)
+            "held_bytes": len(b["held"]) * block_bytes if b["still"] else 0,
             "failed_bytes_from_prefill": V.bytes_matching(
                 e, b["held"], P_SEED, pre[rid]["blocks"][: len(b["held"])]
             )
             if b["held"]
             else 0,
             "still_held": rid in e.scheduler.requests,
+            "released_after_thaw_s": released_at if name == "guarded" else None,
         }
     after["healthy"] = {
         "status": status(guarded, "h-sg"),
@@ -488,7 +499,9 @@ def main() -> None:
 
         clock = FakeClock(1000.0)
         sgc.set_clock(clock)
-        V.init_process(D_INIT_PORT)
+        from vllm.utils.network_utils import get_open_port
+
+        V.init_process(get_open_port())
         result: dict[str, Any] = {"ok": {n: SCENARIOS[n](clock) for n in name.split(",")}}
     except BaseException:
         result = {"error": traceback.format_exc()}

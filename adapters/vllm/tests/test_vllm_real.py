@@ -50,28 +50,9 @@ HeldForRead = 6
 
 
 def run_scenario(name: str, config_text: str, tmp_path: Path, timeout: float = 1200) -> Any:
-    config = tmp_path / "stallguard-vllm.toml"
-    config.write_text(config_text)
-    out = tmp_path / "out.json"
-    env = vllm_scenarios.subprocess_env()
-    proc = subprocess.run(
-        [str(VENV_PYTHON), str(HERE / "vllm_scenarios.py"), name, str(config), str(out)],
-        cwd=HERE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        errors="replace",
+    return vllm_scenarios.run_script(
+        VENV_PYTHON, "vllm_scenarios.py", name, config_text, tmp_path, timeout
     )
-    if not out.exists():
-        raise AssertionError(
-            f"scenario {name} exited {proc.returncode} without a result\n"
-            f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
-        )
-    result = json.loads(out.read_text())
-    if "error" in result:
-        raise AssertionError(f"scenario {name} raised:\n{result['error']}\n{proc.stderr[-4000:]}")
-    return result["ok"]
 
 
 @pytest.fixture(scope="module")

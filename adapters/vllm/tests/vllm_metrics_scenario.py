@@ -5,7 +5,8 @@
 
 The adapter's scheduler-side tracker (``PhaseTracker``, what the connector calls at each
 of vLLM's phase changes) on a FakeClock moved 0.5 s per scheduler step: healthy
-transfers, one decode request whose READ never ends (failed in ``Receiving``, its blocks
+transfers (half of the decodes aborted while receiving: ``AbortedHeld`` until their
+READ ends), one decode request whose READ never ends (failed in ``Receiving``, its blocks
 quarantined until overdue), one prefill whose blocks are never read (released from
 ``HeldForRead``), one request stuck ``Queued`` (reported). Each step's stats travel the
 way vLLM ships them (``stats_with_counts`` -> the stats' ``data`` dict ->
@@ -48,6 +49,8 @@ def _round(tracker: Any, prom: Any, clock: Any, n: int, tag: str, seed: int) -> 
         events.append((at, "queued", rid))
         events.append((at + rng.choice((0.5, 1.0)), "receiving", rid))
         events.append((at + 1.0 + rng.uniform(0.5, 4.0), "done", rid))
+        if i % 2:  # aborted while receiving: AbortedHeld until its transfer ends
+            events.append((at + 1.2, "finished", rid))
         prid = f"{tag}-p{i}"
         events.append((at, "held_for_read", prid))
         events.append((at + rng.uniform(0.5, 6.0), "done", prid))

@@ -17,6 +17,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -41,6 +42,51 @@ def subprocess_env(environ: dict[str, str] | None = None) -> dict[str, str]:
         VLLM_LOGGING_LEVEL="WARNING",
     )
     return env
+
+
+def read_result(out: str | os.PathLike[str], returncode: int | None, log: str) -> dict[str, Any]:
+    """The results a run of a scenario script (this one, mooncake_scenarios.py) wrote
+    to *out*.
+
+    Raises:
+        RuntimeError: the run wrote none (its exit status and *log*: where to look), or
+            one of its scenarios raised (the traceback).
+    """
+    if not os.path.exists(out):
+        raise RuntimeError(f"exited {returncode} without a result\n{log}")
+    with open(out) as f:
+        result = json.load(f)
+    if "error" in result:
+        raise RuntimeError(f"raised:\n{result['error']}\n{log}")
+    return dict(result["ok"])
+
+
+def run_script(
+    python: str | os.PathLike[str],
+    script: str,
+    names: str,
+    config_text: str,
+    tmp: str | os.PathLike[str],
+    timeout: float = 1200,
+) -> dict[str, Any]:
+    """Run *script* (in this directory) under *python* (.venv-vllm's) with the
+    scenarios *names* (comma-separated) and a configuration file of *config_text* in
+    *tmp*; its results (:func:`read_result`)."""
+    config = os.path.join(tmp, "stallguard-vllm.toml")
+    with open(config, "w") as f:
+        f.write(config_text)
+    out = os.path.join(tmp, "out.json")
+    proc = subprocess.run(
+        [str(python), os.path.join(HERE, script), names, config, out],
+        cwd=HERE,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,  # vLLM start-ups: minutes at load 60 on 2 cores
+        errors="replace",
+    )
+    log = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    return read_result(out, proc.returncode, log)
 
 
 PULL_P_PORT, PUSH_P_PORT, PUSH_D_PLAIN_PORT, PUSH_D_SG_PORT = 5600, 5601, 5602, 5603

@@ -187,14 +187,7 @@ def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
         a = inflight[backend]
         table = "[prefill.deadlines]" if n == 0 else f"[prefill.backends.{backend}.deadlines]"
         lines.append(f"{table}  # {backend}: {_summary(a)}")
-        for state in _PREFILL_STATES:
-            s = a.states.get(state)
-            if s is None:
-                continue
-            if s.suggested is None:
-                lines.append(f"# {state}: no suggestion ({s.reason})")
-            else:
-                lines.append(f"{state} = {_toml_number(s.suggested)}")
+        lines += a.toml_lines(_PREFILL_STATES)
         lines.append("")
     boot = [
         s.suggested

@@ -7,6 +7,9 @@ vLLM. Exit status:
 * 2: bad input: an invalid configuration, or bad arguments (a one-line message);
 * 3: vLLM is not installed here (the table is still printed);
 * 4: the installed vLLM is outside the supported range.
+
+``python -m stallguard_vllm advise ...`` suggests phase deadlines from vLLM's metrics
+(``--help`` lists its options; :mod:`stallguard_vllm.advise`, docs/advice.md).
 """
 
 from __future__ import annotations
@@ -31,12 +34,20 @@ _VersionAction = version_action(lambda: SUPPORT.versions_line("stallguard-vllm")
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
+    from . import advise as _advise
+
     parser = OneLineParser(
         prog="python -m stallguard_vllm",
         description="Validate stallguard-vllm's configuration and print the coverage "
         "table (what vLLM bounds on its own, what stallguard adds), without starting vLLM.",
         epilog="exit status: 0 valid and supported, 2 bad configuration or arguments, "
         "3 vLLM not installed, 4 vLLM outside the supported range",
+    )
+    # (without a command: validate the configuration and print the table)
+    commands = parser.add_subparsers(dest="command", title="commands", parser_class=OneLineParser)
+    advise = "suggest phase deadlines from vLLM's metrics (docs/advice.md)"
+    _advise.add_arguments(
+        commands.add_parser("advise", help=advise, description=_advise.DESCRIPTION)
     )
     parser.add_argument(
         "--config",
@@ -55,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lease", type=seconds_arg, help="the prefill's kv_lease_duration (default: vLLM's 30 s)"
     )
     args = parser.parse_args(argv)
+    if args.command == "advise":
+        return _advise.run(args)
     try:
         config = connector_config({ENV_CONFIG: args.config} if args.config is not None else None)
     except ConfigError as e:  # (connector_config turns every failure into one)

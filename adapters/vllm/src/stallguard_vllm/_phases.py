@@ -298,7 +298,7 @@ class PhaseTracker:
         return out
 
     def take_stays(self, now: float | None = None) -> list[list[Any]] | None:
-        """Time in state for the metrics, at most once per :data:`EXPORT_PERIOD`: one
+        """Time in state for the metrics, at most once per ``EXPORT_PERIOD`` (1 s): one
         row per phase, ``[phase, counts, seconds, deadline, oldest_age]``, *counts* the
         stays recorded since the last export per ladder bucket
         (``stallguard.adapters.LADDER`` then +Inf), *seconds* their sum, *deadline* the

@@ -1,4 +1,6 @@
-"""``python -m stallguard_vllm.advise``: suggested phase deadlines from vLLM's metrics.
+"""``python -m stallguard_vllm advise`` (also ``stallguard-vllm advise``, and the 0.1
+spelling ``python -m stallguard_vllm.advise``): suggested phase deadlines from vLLM's
+metrics.
 
 Reads the time-in-state histogram stallguard-vllm exports on vLLM's ``/metrics``
 (``vllm:stallguard_state_seconds``, with the phase deadlines and the forced/reported
@@ -8,8 +10,9 @@ exposition (``--file``: Prometheus text, OpenMetrics or ``/federate`` output), a
 :func:`stallguard.advise` per model, and prints a table and the TOML for the file
 ``STALLGUARD_VLLM_CONFIG`` names (docs/advice.md).
 
-Exit status: 0 advice printed; 2 bad arguments, a source that cannot be read, or no
-stallguard-vllm series in it (one line on stderr).
+Exit status: 0 advice printed; 2 bad arguments (the message names the option and the
+value), a source that cannot be read, or no stallguard-vllm series in it (one line on
+stderr).
 """
 
 from __future__ import annotations
@@ -19,36 +22,39 @@ import http.client
 import sys
 import time
 import urllib.request
-from typing import NoReturn
+from collections.abc import Callable
 
 import stallguard
-from stallguard import Advice, ConfigError
+from stallguard import Advice, ConfigError, Statistics
 from stallguard.adapters import (
+    OneLineParser,
     describe_exception,
     exposition_from_prometheus,
+    one_line,
     parse_window,
+    printable,
     read_prometheus,
     run_console,
+    shorten,
 )
 
 from ._names import DEADLINE, FORCED_FAILURES, STALLS_REPORTED, STATE_SECONDS
 
-__all__ = ["PROMETHEUS_NAMES", "advise_text", "main", "toml_block"]
+__all__ = [
+    "DESCRIPTION",
+    "PROMETHEUS_NAMES",
+    "add_arguments",
+    "advise_text",
+    "main",
+    "run",
+    "toml_block",
+]
 
 #: The metric families read from a Prometheus server.
 PROMETHEUS_NAMES = (STATE_SECONDS, DEADLINE, FORCED_FAILURES, STALLS_REPORTED)
-#: TOML keys of the phases (stallguard-vllm's file format, docs/vllm.md)
-_KEYS = {
-    "Queued": "queued",
-    "Receiving": "receiving",
-    "AbortedHeld": "aborted_held",
-    "HeldForRead": "held_for_read",
-}
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message}\n")
+#: The advised phases, by table of stallguard-vllm's file (docs/vllm.md); the file's
+#: keys are the phase names
+_TABLES = {"decode": ("Queued", "Receiving", "AbortedHeld"), "prefill": ("HeldForRead",)}
 
 
 def _models(text: str) -> list[str]:
@@ -79,22 +85,17 @@ def advise_text(text: str, **kwargs: object) -> dict[str, Advice]:
     return out
 
 
-def _toml_number(seconds: float) -> str:
-    return str(int(seconds)) if seconds == int(seconds) else repr(seconds)
-
-
 def toml_block(advice: Advice) -> str:
-    """One model's suggestions as stallguard-vllm's TOML (phases without one left out)."""
+    """One model's suggestions as stallguard-vllm's TOML file (``[decode]``,
+    ``[prefill]``), what :func:`stallguard_vllm.parse_config` reads; a phase without a
+    suggestion is a comment saying why (it keeps its configured deadline), a table
+    without any phase is left out (:meth:`stallguard.Advice.toml_lines`)."""
     lines = []
-    for state, key in _KEYS.items():
-        s = advice.states.get(state)
-        if s is None:
-            continue
-        if s.suggested is None:
-            lines.append(f"# {key}: no suggestion ({s.reason})")
-        else:
-            lines.append(f"{key} = {_toml_number(s.suggested)}")
-    return "\n".join(lines) + "\n"
+    for table, phases in _TABLES.items():
+        body = advice.toml_lines(phases)
+        if body:
+            lines += [f"[{table}]", *body, ""]
+    return "\n".join(lines)
 
 
 def _read(args: argparse.Namespace) -> str:
@@ -122,28 +123,117 @@ def _read(args: argparse.Namespace) -> str:
         raise ValueError(f"--file {args.file!r}: cannot read it: {describe_exception(e)}") from None
 
 
+#: The advise command's description (plain text, for ``--help``).
+DESCRIPTION = (
+    "Suggested phase deadlines from stallguard-vllm's time-in-state metrics: reads "
+    "vllm:stallguard_state_seconds from a Prometheus server's history (--prometheus, "
+    "--window: every pod, engine and restart summed), a live /metrics scrape (--url) or "
+    "a saved exposition (--file), applies stallguard.advise per model, and prints a "
+    "table and a TOML block for STALLGUARD_VLLM_CONFIG (docs/advice.md). Exit status 2 "
+    "on bad input."
+)
+
+#: what the options are checked against (stallguard.advise's own checks)
+_NO_STATS = Statistics(spec="stallguard-vllm advise", mode=None, states={})
+
+
+def _advise_arg(key: str, convert: Callable[[str], float], kind: str) -> Callable[[str], float]:
+    """An argparse ``type=`` for :func:`stallguard.advise`'s *key*, checked by advise
+    itself at parse time: a bad value is an error naming the option and the value."""
+
+    def parse(text: str) -> float:
+        shown = printable(shorten(repr(text), 40))
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{shown} is not {kind}") from None
+        try:
+            stallguard.advise(_NO_STATS, **{key: value})  # type: ignore[arg-type]
+        except (ValueError, TypeError) as e:
+            raise argparse.ArgumentTypeError(f"{shown}: {e}") from None
+        return value
+
+    return parse
+
+
+#: the sources (one of them): option, metavar, help
+_SOURCES = (
+    (
+        "--prometheus",
+        "URL",
+        "a Prometheus server (http://host:9090): its history over --window, every pod, "
+        "engine and restart summed",
+    ),
+    ("--url", "URL", "scrape this /metrics URL (vLLM's API server)"),
+    (
+        "--file",
+        "PATH",
+        "a saved exposition: Prometheus text, OpenMetrics (ending # EOF) or /federate output",
+    ),
+)
+#: stallguard.advise's parameters: option, metavar, default, its type and name, help
+_RULE = (
+    (
+        "--false-timeout-rate",
+        "RATE",
+        0.001,
+        float,
+        "a number",
+        "the share of healthy stays a suggested deadline may fail, in (0, 0.5] (default "
+        "0.001: the deadline is built on the 99.9th percentile)",
+    ),
+    ("--margin", "FACTOR", 2.0, float, "a number", "factor >= 1 applied to that percentile"),
+    ("--floor", "SECONDS", 10.0, float, "a number", "the shortest deadline to suggest, seconds"),
+    (
+        "--min-samples",
+        "N",
+        None,
+        int,
+        "an integer",
+        "stays a phase needs before it gets a suggestion (default: 10 / the rate, rounded up)",
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The advise command's options, on *parser*."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    for option, metavar, text in _SOURCES:
+        source.add_argument(option, metavar=metavar, help=text)
+    parser.add_argument(
+        "--window",
+        metavar="DURATION",
+        default="7d",
+        help="with --prometheus: how far back to read (s, m, h, d, w; default 7d)",
+    )
+    parser.add_argument(
+        "--step",
+        metavar="DURATION",
+        help="with --prometheus: seconds between samples read (default: window / 1000, at "
+        "least 15s; no longer than the scrape interval loses nothing at restarts)",
+    )
+    for option, metavar, default, convert, kind, text in _RULE:
+        parse = _advise_arg(option[2:].replace("-", "_"), convert, kind)
+        if default is not None and "(default" not in text:
+            text += f" (default {default:g})"
+        parser.add_argument(option, metavar=metavar, type=parse, default=default, help=text)
+    parser.add_argument("--toml", action="store_true", help="print only the TOML")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The advise command; returns the exit status (see the module docstring)."""
-    parser = _Parser(
-        prog="python -m stallguard_vllm.advise",
-        description="Suggested phase deadlines from stallguard-vllm's time-in-state "
-        "metrics (docs/advice.md).",
+    """The advise command on its own (``python -m stallguard_vllm.advise``); returns
+    the exit status (see the module docstring)."""
+    parser = OneLineParser(
+        prog="python -m stallguard_vllm advise",
+        description=DESCRIPTION,
         epilog="exit status: 0 advice printed, 2 bad arguments or input",
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prometheus", metavar="URL", help="a Prometheus server's URL")
-    source.add_argument("--url", help="scrape this /metrics URL")
-    source.add_argument("--file", help="a saved exposition (text, OpenMetrics, /federate)")
-    parser.add_argument("--window", default="7d", help="with --prometheus (default 7d)")
-    parser.add_argument("--step", default=None, help="with --prometheus: sample spacing")
-    parser.add_argument(
-        "--false-timeout-rate", type=float, default=0.001, help="in (0, 0.5] (default 0.001)"
-    )
-    parser.add_argument("--margin", type=float, default=2.0, help=">= 1 (default 2)")
-    parser.add_argument("--floor", type=float, default=10.0, help="seconds (default 10)")
-    parser.add_argument("--min-samples", type=int, default=None, help="stays needed per phase")
-    parser.add_argument("--toml", action="store_true", help="print only the TOML")
-    args = parser.parse_args(argv)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the advise command on parsed arguments (see :func:`add_arguments`)."""
     try:
         advice = advise_text(
             _read(args),
@@ -153,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             min_samples=args.min_samples,
         )
     except (OSError, ValueError, TypeError, ConfigError) as e:
-        print(f"stallguard-vllm advise: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"stallguard-vllm advise: {printable(one_line(str(e)))}", file=sys.stderr)
         return 2
     except Exception as e:  # not a documented error: still one line, status 2
         print(f"stallguard-vllm advise: cannot advise: {describe_exception(e)}", file=sys.stderr)

@@ -116,9 +116,9 @@ __all__ = [
 
 log = logging.getLogger("stallguard.vllm")
 
-#: Attribute of the step's connector metadata: decode requests to fail.
+#: The attribute of the step's connector metadata that names the decode requests to fail.
 FAIL_RECV_ATTR = "stallguard_fail_recv"
-#: Attribute of the step's connector metadata: prefill holds to release.
+#: The attribute of the step's connector metadata that names the prefill holds to release.
 RELEASE_SEND_ATTR = "stallguard_release_send"
 #: The private names of vLLM's NIXL worker the NIXL refinement uses (checked at start).
 VLLM_INTERNALS = (
@@ -442,7 +442,7 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
                 f"{len(kv_cache_config.kv_cache_groups)} KV cache groups"
             )
         self._sg_inner: Any = inner_cls(inner_config, role, kv_cache_config)
-        self.stallguard_config: Config = config
+        self.stallguard_config = config  # (a Config: mypy infers it)
         self.stallguard: PhaseTracker | None = None
         self.refinement: Refinement | None = None
         self._sg_ledger = FailLedger()
