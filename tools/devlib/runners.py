@@ -69,8 +69,8 @@ DEMO_LABELS = ("demo", "demo (vLLM)", "demo (real servers, faults)", "demo (real
 def demo_command(args: list[str]) -> int:
     """The project's main job: the PD wedge on real NIXL and Mooncake engines, run
     without and with stallguard-sglang (examples/pd_wedge; docs/demo.md), the vLLM
-    section (vLLM's NIXL connector with and without stallguard-vllm, run in .venv-vllm:
-    examples/vllm_wedge.py), then the same incident and four more faults on real SGLang
+    section (vLLM's NIXL and Mooncake connectors with and without stallguard-vllm, run
+    in .venv-vllm: examples/vllm_wedge.py), then the same incident and four more faults on real SGLang
     servers behind the real sglang-router, and report -> advise -> enforce on them
     (examples/real_servers, about 12-20 minutes and 10 more on 2 busy cores; skipped
     with ``--no-real-servers``, which is not passed on to examples/pd_wedge). The worst
