@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -85,6 +86,21 @@ def http(
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text -> [(name, labels, value)], one per sample line."""
+    out: list[tuple[str, dict[str, str], float]] = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            with suppress(ValueError):
+                labels = dict(_LABEL.findall(m.group(2) or ""))
+                out.append((m.group(1), labels, float(m.group(3))))
+    return out
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -245,6 +261,9 @@ class ServerSet:
             "--prefill", self.url("prefill"), str(self.ports["bootstrap"]),
             "--decode", self.url("decode"), "--host", HOST, "--port", str(self.ports["router"]),
             "--disable-health-check", "--disable-circuit-breaker", "--disable-retries",
+            # it checks that its workers are up every 30 s by default: every second here
+            # (the servers are healthy already when it starts; a 30 s wait is only cost)
+            "--worker-startup-check-interval", "1",
             # its own Prometheus exporter (default :29000, which two routers cannot share)
             "--prometheus-host", HOST, "--prometheus-port", str(self.ports["router_metrics"]),
         ]  # fmt: skip
@@ -283,7 +302,11 @@ class ServerSet:
 
     def poll_health(self) -> dict[str, int]:
         """One /health probe of each server that is not healthy yet; records when each
-        first answered 200. Raises if a server process died."""
+        first answered 200. Raises if a server process (or a router started with the
+        servers) died."""
+        router = self.procs.get("router")
+        if router is not None and not router.alive():
+            raise ServerDied(router)
         for mode in ("prefill", "decode"):
             if mode in self.healthy_after:
                 continue
@@ -318,6 +341,16 @@ class ServerSet:
 
     def __iter__(self) -> Iterator[Proc]:
         return iter(self.procs.values())
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """Stop *procs* at once (each waits up to ~13 s for its group; not one after the
+    other)."""
+    threads = [threading.Thread(target=p.stop, daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
 
 
 class ServerDied(RuntimeError):
