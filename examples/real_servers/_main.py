@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ._servers import (
+    BACKENDS,
     PYTHON,
     ROOT,
     Proc,
@@ -438,26 +439,34 @@ def _run_fault(
         "note": f"no answer {thaw_wait:.0f} s after thaw",
     }
     arm.fault["t0"] = t0
-    # when the prefill's metrics first showed the request / a stallguard failure; each
-    # with the time of the scrape before it (the event happened in between)
+    arm.events.update(events_from_samples(arm.samples))
+
+
+def events_from_samples(samples: list[dict[str, float]]) -> dict[str, float]:
+    """When the prefill's metrics first showed the request (``entry_s``; SGLang's gauge:
+    ``inflight_from_s``; stallguard's oldest age: ``sg_from_s``), its release
+    (``released_s``) and a stallguard failure (``forced_s``); the entry and the failure
+    each with the time of the last scrape before that read the page (``..._after_s``:
+    the event happened in between; a scrape that failed, the server busy, reads NaN and
+    bounds nothing)."""
+    ev: dict[str, float] = {}
     prev = 0.0
-    for row in arm.samples:
+    for row in samples:
+        if math.isnan(row["inflight"]):
+            continue
         shown = row["inflight"] >= 1 or row["sg_oldest"] > 0
-        if "inflight_from_s" not in arm.events and row["inflight"] >= 1:
-            arm.events["inflight_from_s"] = row["t"]
-        if "entry_s" not in arm.events and shown:
-            arm.events["entry_s"], arm.events["entry_after_s"] = row["t"], prev
-        if "sg_from_s" not in arm.events and row["sg_oldest"] > 0:
-            arm.events["sg_from_s"] = row["t"]
-        if (
-            "released_s" not in arm.events
-            and "inflight_from_s" in arm.events
-            and row["inflight"] == 0
-        ):
-            arm.events["released_s"] = row["t"]
-        if "forced_s" not in arm.events and row["forced"] >= 1:
-            arm.events["forced_s"], arm.events["forced_after_s"] = row["t"], prev
+        if "inflight_from_s" not in ev and row["inflight"] >= 1:
+            ev["inflight_from_s"] = row["t"]
+        if "entry_s" not in ev and shown:
+            ev["entry_s"], ev["entry_after_s"] = row["t"], prev
+        if "sg_from_s" not in ev and row["sg_oldest"] > 0:
+            ev["sg_from_s"] = row["t"]
+        if "released_s" not in ev and "inflight_from_s" in ev and row["inflight"] == 0:
+            ev["released_s"] = row["t"]
+        if "forced_s" not in ev and row["forced"] >= 1:
+            ev["forced_s"], ev["forced_after_s"] = row["t"], prev
         prev = row["t"]
+    return ev
 
 
 def after(arm: Arm, t0: float, sizes: tuple[int, ...] = (16, 256)) -> None:
@@ -506,6 +515,7 @@ def run(
     prompt_tokens: int = PROMPT_TOKENS,
     freeze_at_chunk: int = FREEZE_AT_CHUNK,
     arms: tuple[str, ...] = ("without", "with"),
+    backend: str = "nixl",
     log: Any = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns what results.json holds. Always stops every process it
@@ -529,6 +539,7 @@ def run(
             decode_from=owner,
             decode_stallguard=not shared_decode,
             decode_name="decode" if shared_decode else None,
+            backend=backend,
         )
         made[name] = Arm(name, servers)
     batches = [list(made.values())] if not sequential else [[a] for a in made.values()]
@@ -606,6 +617,7 @@ def run(
         "chunks": math.ceil(prompt_tokens / CHUNK),
         "kv_mb": kv_mb(prompt_tokens),
         "shared_decode": shared_decode,
+        "backend": backend,
         "total_s": round(time.monotonic() - t_all, 1),
         "phases_s": phases,
         "arms": {
@@ -803,7 +815,14 @@ def main(argv: list[str] | None = None) -> int:
         help="freeze once the prefill logged this many chunks of the prompt (not all)",
     )
     p.add_argument("--arms", default="without,with")
+    p.add_argument(
+        "--backend",
+        default="nixl",
+        help=f"KV transfer backend of the servers: {', '.join(BACKENDS)} (Mooncake over TCP)",
+    )
     args = p.parse_args(argv)
+    if args.backend not in BACKENDS:
+        p.error(f"--backend {args.backend!r}: must be one of {', '.join(BACKENDS)}")
     chunks = math.ceil(args.prompt_tokens / CHUNK) if args.prompt_tokens > 0 else 0
     if chunks < 2:
         p.error(f"--prompt-tokens {args.prompt_tokens}: needs at least 2 chunks of {CHUNK}")
@@ -827,6 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tokens=args.prompt_tokens,
         freeze_at_chunk=args.freeze_at_chunk,
         arms=tuple(args.arms.split(",")),
+        backend=args.backend,
         log=lambda m: print(f"[real_servers] {m}", flush=True),
     )
     text = table(results)

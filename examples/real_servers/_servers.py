@@ -40,8 +40,13 @@ COMMON_FLAGS = [
     "--model-path", str(MODEL), "--load-format", "dummy", "--device", "cpu",
     "--skip-tokenizer-init", "--attention-backend", "torch_native", "--disable-cuda-graph",
     "--tp", "1", "--host", HOST, "--enable-metrics",
-    "--disaggregation-transfer-backend", "nixl",
 ]  # fmt: skip
+
+#: The KV transfer backends the rig runs: NIXL over UCX/TCP, or Mooncake's transfer
+#: engine over TCP (``MC_FORCE_TCP=1``: no RDMA device here).
+BACKENDS = ("nixl", "mooncake")
+#: Environment each backend adds to the servers'.
+BACKEND_ENV = {"nixl": {}, "mooncake": {"MC_FORCE_TCP": "1"}}
 
 #: Environment of every server: loopback only, NIXL over UCX's TCP transport.
 SERVER_ENV = {
@@ -225,6 +230,8 @@ class ServerSet:
     decode_stallguard: bool = True
     #: the decode's process/log name (default "<arm>-decode"; "decode" for a shared one)
     decode_name: str | None = None
+    #: the KV transfer backend of both servers (:data:`BACKENDS`)
+    backend: str = "nixl"
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -237,12 +244,15 @@ class ServerSet:
             self.ports = dict(zip(names, p, strict=True))
         if self.decode_from is not None:
             self.ports["decode"] = self.decode_from.ports["decode"]
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r}: must be one of {', '.join(BACKENDS)}")
 
     def url(self, name: str) -> str:
         return f"http://{HOST}:{self.ports[name]}"
 
     def server_argv(self, mode: str) -> list[str]:
         argv = [str(PYTHON), "-m", "sglang.launch_server", *COMMON_FLAGS, *CPU_STANDIN_FLAGS]
+        argv += ["--disaggregation-transfer-backend", self.backend]
         argv += ["--max-total-tokens", str(self.max_total_tokens)]
         argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
         argv += ["--port", str(self.ports[mode]), "--disaggregation-mode", mode]
@@ -283,7 +293,10 @@ class ServerSet:
                 else f"{self.arm}-{mode}"
             )
             self.procs[mode] = spawn(
-                name, self.server_argv(mode), server_env(config), self.logs / f"{name}.log"
+                name,
+                self.server_argv(mode),
+                server_env(config, BACKEND_ENV[self.backend]),
+                self.logs / f"{name}.log",
             )
 
     def owns(self, mode: str) -> bool:
