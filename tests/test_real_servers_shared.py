@@ -29,8 +29,8 @@ frozen and is retried, the faster arm's send delayed by its lead).
 * healthy requests before the fault are answered, nothing else is failed, and both arms
   serve new requests (a fresh prompt too) after it.
 
-Skipped, saying so, only when .venv-realsrv is missing or cannot import SGLang's server
-and the router (``python3 tools/dev.py env`` builds it). The rest of the real-server
+Skipped, saying so, only when .venv-realsrv is missing or lacks SGLang, the router or
+the CPU stand-ins (``python3 tools/dev.py env`` builds it). The rest of the real-server
 matrix (a decode per arm, bad configurations at start-up, the other faults) is opt-in:
 tests/test_real_servers.py.
 """
@@ -50,18 +50,29 @@ from examples.real_servers import _servers as srv
 Results = dict[str, Any]
 
 
+#: what the servers need from .venv-realsrv: SGLang, the router, the CPU stand-ins
+NEEDED = ("sglang", "sglang_router", "_stallguard_realsrv")
+
+
 def _environment_problem() -> str | None:
+    """Why the real servers cannot run here (None: they can). Only looks the packages
+    up (a fraction of a second; importing SGLang takes 10-60 s): a venv that has them
+    but is broken fails the test instead, as it should."""
     if not srv.PYTHON.exists():
         return f"{srv.PYTHON} is missing: `python3 tools/dev.py env` builds .venv-realsrv"
+    find = (
+        "import importlib.util as u, sys; print(*[m for m in sys.argv[1:] if not u.find_spec(m)])"
+    )
     check = subprocess.run(
-        [str(srv.PYTHON), "-c", "import sglang.launch_server, sglang_router.launch_router"],
+        [str(srv.PYTHON), "-c", find, *NEEDED],
         capture_output=True,
         text=True,
         env=srv.server_env(None),
-        timeout=300,
+        timeout=120,
     )
-    if check.returncode != 0:
-        return f".venv-realsrv cannot import SGLang's server or the router: {check.stderr[-800:]}"
+    missing = check.stdout.split()
+    if check.returncode != 0 or missing:
+        return f".venv-realsrv lacks {missing or NEEDED} ({check.stderr[-400:]})"
     return None
 
 
