@@ -200,7 +200,13 @@ def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) ->
     ``STALLGUARD_SGLANG_CONFIG`` for the "with" arm: the one thing that differs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # SGLang makes its own per server
-    paths = [str(ROOT), str(ROOT / "adapters" / "sglang" / "src")]
+    # this checkout's CPU stand-ins too: the venv's .pth imports `_stallguard_realsrv`
+    # by name, and PYTHONPATH comes before the path the .pth appends
+    paths = [
+        str(ROOT),
+        str(ROOT / "adapters" / "sglang" / "src"),
+        str(ROOT / "examples" / "real_servers" / "standins"),
+    ]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
     env.update(SERVER_ENV)
     if stallguard_config is not None:
