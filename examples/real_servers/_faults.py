@@ -50,7 +50,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._servers import PYTHON, ROOT, ServerSet, http, parse_metrics, server_env, spawn, wait_healthy
+from ._servers import (
+    BACKEND_ENV,
+    BACKENDS,
+    PYTHON,
+    ROOT,
+    ServerSet,
+    http,
+    parse_metrics,
+    server_env,
+    spawn,
+    wait_healthy,
+)
 
 #: the "with" arm's configuration. The prefill's deadlines start when the request enters
 #: the inflight queue, after its forward passes: 20 s. The decode's start at its
@@ -306,7 +317,7 @@ def restart_decode(arm: Arm, rec: dict[str, Any]) -> None:
     s.procs["decode"] = spawn(
         f"{arm.name}-decode-restarted",
         s.server_argv("decode"),
-        server_env(config),
+        server_env(config, BACKEND_ENV[s.backend]),
         s.logs / f"{arm.name}-decode-restarted.log",
     )
     t = time.monotonic()
@@ -429,10 +440,11 @@ def run_matrix(
     deadline: float = 20.0,
     decode_deadline: float = 60.0,
     faults: tuple[str, ...] = tuple(FAULTS),
+    backend: str = "nixl",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Start both arms, run *faults* in order on them, stop everything; returns what
-    faults.json holds."""
+    """Start both arms (both servers on *backend*: ``nixl`` or ``mooncake``), run
+    *faults* in order on them, stop everything; returns what faults.json holds."""
     from ._main import ready_router
 
     out.mkdir(parents=True, exist_ok=True)
@@ -440,8 +452,8 @@ def run_matrix(
     config.write_text(CONFIG.format(deadline=deadline, decode_deadline=decode_deadline))
     t_all = time.monotonic()
     arms = [
-        Arm("without", ServerSet("without", out / "logs", None)),
-        Arm("with", ServerSet("with", out / "logs", config)),
+        Arm("without", ServerSet("without", out / "logs", None, backend=backend)),
+        Arm("with", ServerSet("with", out / "logs", config, backend=backend)),
     ]
     try:
         for a in arms:
@@ -483,6 +495,7 @@ def run_matrix(
     results = {
         "deadline_s": deadline,
         "decode_deadline_s": decode_deadline,
+        "backend": backend,
         "total_s": round(time.monotonic() - t_all, 1),
         "faults": list(faults),
         "arms": {
@@ -723,7 +736,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("real_servers_out"))
     p.add_argument("--deadline", type=float, default=20.0)
     p.add_argument("--faults", default=",".join(FAULTS))
+    p.add_argument(
+        "--backend",
+        default="nixl",
+        help=f"KV transfer backend of the servers: {', '.join(BACKENDS)} (Mooncake over TCP)",
+    )
     args = p.parse_args(argv)
+    if args.backend not in BACKENDS:
+        p.error(f"--backend {args.backend!r}: must be one of {', '.join(BACKENDS)}")
     names = tuple(f for f in args.faults.split(",") if f)
     unknown = [f for f in names if f not in FAULTS]
     if unknown:
@@ -736,6 +756,7 @@ def main(argv: list[str]) -> int:
         out,
         deadline=args.deadline,
         faults=names,
+        backend=args.backend,
         log=lambda m: print(f"[real_servers] {m}", flush=True),
     )
     text = table(results)

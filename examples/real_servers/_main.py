@@ -9,20 +9,25 @@ Per arm, three real processes groups: an SGLang prefill and decode
 arms differ in one environment variable of the two servers, ``STALLGUARD_SGLANG_CONFIG``
 (docs/sglang.md, "Enable"). Timeline of one arm:
 
-1. start prefill + decode, poll ``/health``; start the router; a small request through
-   the router until it answers (NIXL wire-up);
-2. ``healthy-before``: two small requests;
+1. start prefill + decode and the router at once, poll ``/health``; a small request
+   through the router until it answers (the router registers its workers once healthy;
+   the first PD request wires NIXL up);
+2. ``healthy-before``: one more small request;
 3. the fault: a 2048-token request (64 MB of KV: 8 layers x 4 KV heads x 256 x fp16 x 2)
-   is prefilled in 4 chunks of 512, each chunk's KV sent to decode when its forward pass
-   is done; when the prefill starts the second chunk (its log line), the first chunk's
-   16 MB transfer has just been posted: the decode's whole process group is SIGSTOPped.
-   Time 0 is that moment;
-4. the observation window (``--observe``, 50 s): the prefill's ``/metrics`` is scraped
-   every second (``sglang:num_prefill_inflight_queue_reqs``, the stallguard counters,
-   ``sglang:num_transfer_failed_reqs_total``); the client keeps waiting;
+   is prefilled in 4 chunks of 512, each chunk's KV sent to decode after its forward
+   pass; SGLang logs "Prefill batch" after each pass. The decode's whole process group
+   is SIGSTOPped when the prefill logged ``--freeze-at-chunk`` chunks (it is
+   bootstrapped with the decode) and not its last one (checked again a second after the
+   freeze: the last chunk's KV goes to a frozen decode; see ``Sync``). Time 0 is that
+   moment;
+4. the observation window, event-driven: the prefill's ``/metrics`` is scraped every
+   second (``sglang:num_prefill_inflight_queue_reqs``, stallguard's counter and its
+   oldest age per state, ``sglang:num_transfer_failed_reqs_total``) until the request
+   has been in the inflight queue for 2 x the deadline (and, with stallguard, its
+   failure was counted), at least ``--observe`` s; the client keeps waiting;
 5. the observation point at the end of the window; then SIGCONT;
-6. the client's outcome (bounded wait), then ``healthy-after``: three requests that must
-   succeed on the same servers.
+6. the client's outcome (bounded wait), then ``healthy-after``: a small request and a
+   fresh 256-token prompt that must succeed on the same servers.
 
 Exit status 0 when the "without" arm reproduced the wedge (inflight >= 1 at the
 observation point, past the deadline) and the "with" arm released it (stallguard failed
@@ -33,16 +38,31 @@ request failed); 1 otherwise; 2 when the environment is missing (.venv-realsrv).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._servers import PYTHON, ROOT, ServerDied, ServerSet, http, wait_healthy
+from ._servers import (
+    BACKENDS,
+    PYTHON,
+    ROOT,
+    Proc,
+    ServerDied,
+    ServerSet,
+    http,
+    parse_metrics,
+    parse_series,
+    stop_all,
+    wait_healthy,
+)
 
 #: The "with" arm's configuration: short demo deadlines on prefill (the side guarded in
 #: this fault), long ones on decode (which must outlast the prefill's ~20 s of compute
@@ -79,9 +99,17 @@ GAUGES = {
 
 COUNTERS = ("forced", "transfer_failed")
 
+#: stallguard-sglang's own gauge of the oldest request's age per state (its queue loop
+#: exports it about once a second; docs/advice.md): read for the "inflight" queue
+OLDEST_AGE = "sglang:stallguard_oldest_age_seconds"
+
 PROMPT_TOKENS = 2048
 CHUNK = 512
 FREEZE_AT_CHUNK = 2
+#: attempts at placing the fault before a run gives up (see :class:`Sync`)
+ATTEMPTS = 3
+#: seconds after the freeze at which the placement is checked again
+RECHECK_S = 1.0
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -126,26 +154,45 @@ class Arm:
     name: str
     servers: ServerSet
     samples: list[dict[str, float]] = field(default_factory=list)
-    events: dict[str, float] = field(default_factory=dict)
+    events: dict[str, Any] = field(default_factory=dict)
     requests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     fault: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
 
 def scrape(arm: Arm, t0: float) -> dict[str, float]:
-    m = arm.servers.metrics("prefill")
-    row = {"t": round(time.monotonic() - t0, 2)}
+    """One scrape of the arm's prefill ``/metrics``: SGLang's queue gauges and failure
+    counter, stallguard's counter, and stallguard's oldest age in the inflight queue
+    (``sg_oldest``, the largest over its states; ``sg_state`` names the state, as an
+    index into :data:`SG_STATES`, -1 for none). NaN: the page could not be read."""
+    status, text = http("GET", arm.servers.url("prefill") + "/metrics", timeout=3)
+    row: dict[str, float] = {"t": round(time.monotonic() - t0, 2)}
+    nan = float("nan")
+    if status != 200:
+        row.update({k: nan for k in (*GAUGES, "sg_oldest", "sg_state")})
+        return row
+    m = parse_metrics(text)
     for key, name in GAUGES.items():
         # a counter without a sample yet is 0 (prometheus_client exports a labelled
-        # counter only once it was incremented); a missing page is NaN
-        absent = 0.0 if m and key in COUNTERS else float("nan")
-        row[key] = m.get(name, absent) if m else float("nan")
+        # counter only once it was incremented)
+        row[key] = m.get(name, 0.0 if key in COUNTERS else nan)
+    oldest, state = 0.0, -1.0
+    for name, labels, value in parse_series(text):
+        if name == OLDEST_AGE and labels.get("queue") == "inflight" and value > oldest:
+            oldest = value
+            st = labels.get("state", "")
+            state = float(SG_STATES.index(st)) if st in SG_STATES else -1.0
+    row["sg_oldest"], row["sg_state"] = oldest, state
     return row
 
 
-def ready_router(arm: Arm, timeout: float = 120.0) -> None:
+#: the KVPoll states stallguard's inflight lane labels its series with
+SG_STATES = ("Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed")
+
+
+def ready_router(arm: Arm, timeout: float = 180.0) -> None:
     """Small requests through the router until one answers 200 (the router registers its
-    workers ~20 s after start; the first PD request wires NIXL up)."""
+    workers once it saw them healthy; the first PD request wires NIXL up)."""
     deadline = time.monotonic() + timeout
     tries: list[dict[str, Any]] = []
     seed = 1000
@@ -154,13 +201,13 @@ def ready_router(arm: Arm, timeout: float = 120.0) -> None:
         if not router.alive():
             raise ServerDied(router)
         seed += 1
-        r = generate(arm.servers, 16, seed, timeout=60)
+        r = generate(arm.servers, 16, seed, timeout=120)
         tries.append(r)
         if r["status"] == 200:
             arm.requests["warmup"] = tries[-1:]
             arm.events["router_ready_tries"] = len(tries)
             return
-        time.sleep(2)
+        time.sleep(1)
     raise TimeoutError(f"{arm.name}: router never answered 200: {tries[-1]}")
 
 
@@ -168,15 +215,46 @@ def prefill_batch_lines(arm: Arm) -> int:
     return arm.servers.procs["prefill"].log_text().count("Prefill batch")
 
 
-class Sync:
-    """Coordinates the arms that share one decode: one freeze when every arm's prefill
-    reached its chunk, one observation window (the latest arm's end), one thaw. For arms
-    with a decode each, each arm has its own (``parties=1``)."""
+def chunks_since(arm: Arm, before: int) -> int:
+    """Forward passes the prefill logged since it had logged *before*."""
+    return prefill_batch_lines(arm) - before
 
-    def __init__(self, parties: int) -> None:
-        self.barrier = threading.Barrier(parties)
+
+class Sync:
+    """Places the fault, for one arm or for the arms that share one decode, and keeps
+    their timeline: one freeze, one observation window (the latest arm's end), one thaw.
+
+    The placement is what makes a run prove something. A prompt of *chunks* chunks is
+    prefilled one chunk per forward pass, and SGLang logs "Prefill batch" after each
+    pass; a request is batched only once bootstrapped with its decode (optimistic
+    prefill is off by default), and enters the prefill's inflight queue after its last
+    pass, when its last chunk's KV is sent. So the freeze is placed when every arm
+    logged at least *freeze_at* chunks of its prompt (bootstrapped: the decode has its
+    KV indices) and none has logged its last one (its last chunk's KV cannot have
+    reached the decode before the freeze): every arm's request then enters the inflight
+    queue with KV to send to a frozen decode. The check runs in the barrier's action,
+    right before the SIGSTOP and :data:`RECHECK_S` after it (SGLang posts a last chunk's
+    KV a few ms before it logs the chunk: a last chunk logged that soon after the freeze
+    may have been posted before it, and the attempt is thawed and not counted). If an
+    arm finished its prompt before another one got to its first chunk (the arms run on
+    two prefills sharing two cores: their pace differs), the attempt is not frozen: the
+    requests complete, and the next attempt delays the faster arm's send by its
+    measured lead.
+    """
+
+    def __init__(self, parties: int, chunks: int = 0, freeze_at: int = 1) -> None:
+        self.chunks = chunks
+        self.freeze_at = freeze_at
         self.lock = threading.Lock()
         self.ends: dict[str, float] = {}
+        self.arrivals: dict[str, tuple[float, Callable[[], int], Proc]] = {}
+        self.placed = False
+        self.placement: dict[str, Any] = {}
+        self.t0 = 0.0
+        #: seconds each arm delays its send in the next attempt
+        self.delay: dict[str, float] = {}
+        self.barrier = threading.Barrier(parties)
+        self.decision = threading.Barrier(parties, action=self._decide)
 
     def wait(self) -> bool:
         """Wait for the other arms (False: one of them gave up)."""
@@ -186,10 +264,46 @@ class Sync:
         except threading.BrokenBarrierError:
             return False
 
+    def arrive(self, arm: str, lead: float, progress: Callable[[], int], decode: Proc) -> bool:
+        """*arm* logged ``freeze_at`` chunks *lead* s after its send; *progress* counts
+        its chunks logged so far. Returns whether the fault was placed (the decode is
+        frozen); raises BrokenBarrierError if an arm gave up."""
+        with self.lock:
+            self.arrivals[arm] = (lead, progress, decode)
+        self.decision.wait(timeout=900)
+        return self.placed
+
+    def _decide(self) -> None:
+        counts = {a: p() for a, (_, p, _) in self.arrivals.items()}
+        ok = all(self.freeze_at <= c < self.chunks for c in counts.values())
+        decodes = {d.pgid: d for _, _, d in self.arrivals.values()}
+        after: dict[str, int] = {}
+        if ok:
+            for d in decodes.values():
+                d.freeze()
+            self.t0 = time.monotonic()
+            # SGLang posts a last chunk's KV a few ms before it logs that chunk: a last
+            # chunk logged within a second after the freeze may have been posted before
+            # it (a chunk's forward pass takes seconds; the post-to-log gap is ms)
+            time.sleep(RECHECK_S)
+            after = {a: p() for a, (_, p, _) in self.arrivals.items()}
+            if any(c >= self.chunks for c in after.values()):
+                for d in decodes.values():  # raced with a last chunk: not certain
+                    d.thaw()
+                ok = False
+        leads = {a: round(lead, 2) for a, (lead, _, _) in self.arrivals.items()}
+        self.placement = {"chunks": counts, "chunks_after_freeze": after, "leads_s": leads}
+        self.placed = ok
+        if not ok:
+            slowest = max(leads.values())
+            self.delay = {a: slowest - lead for a, lead in leads.items()}
+        self.arrivals.clear()
+
     def give_up(self) -> None:
         self.barrier.abort()
+        self.decision.abort()
 
-    def end(self, arm: str, at: float) -> float:
+    def end(self, arm: str, at: float = 0.0) -> float:
         """Record *arm*'s wanted end of the window; returns the end of the window."""
         with self.lock:
             self.ends[arm] = max(at, self.ends.get(arm, 0.0))
@@ -206,12 +320,27 @@ def run_fault(
     freeze_at_chunk: int = FREEZE_AT_CHUNK,
 ) -> None:
     """The decode frozen mid-transfer, for one arm (runs in its own thread)."""
-    sync = sync or Sync(1)
+    chunks = math.ceil(prompt_tokens / arm.servers.chunked_prefill_size)
+    sync = sync or Sync(1, chunks, freeze_at_chunk)
+    if not sync.chunks:
+        sync.chunks, sync.freeze_at = chunks, freeze_at_chunk
     try:
         _run_fault(arm, observe, thaw_wait, deadline, sync, prompt_tokens, freeze_at_chunk)
     except BaseException as e:
         arm.errors.append(f"{type(e).__name__}: {e}")
         sync.give_up()
+
+
+def wait_drained(arm: Arm, limit: float = 300.0) -> None:
+    """Until the prefill's inflight and bootstrap gauges read 0 (SGLang publishes them
+    when its scheduler goes idle, so an idle 0 is current)."""
+    t = time.monotonic() + limit
+    while time.monotonic() < t:
+        row = scrape(arm, 0.0)
+        if row["inflight"] == 0 and row["bootstrap"] == 0:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{arm.name}: the prefill's queues did not drain in {limit:.0f} s")
 
 
 def _run_fault(
@@ -225,47 +354,70 @@ def _run_fault(
 ) -> None:
     s = arm.servers
     decode = s.procs["decode"]
-    before = prefill_batch_lines(arm)
-    result: dict[str, Any] = {}
-    client = threading.Thread(
-        target=lambda: result.update(
-            generate(s, prompt_tokens, 7, timeout=observe + thaw_wait + 240)
-        ),
-        daemon=True,
-    )
-    t_sent = time.monotonic()
-    client.start()
-    # freeze when the prefill starts chunk `freeze_at_chunk`: it has bootstrapped with
-    # the decode (a prefill batch only takes bootstrapped requests), and the KV of the
-    # chunks before was posted to NIXL a moment ago (bounded: the prompt takes ~20-40 s
-    # here); with a shared decode, when every arm's prefill got there
-    limit = t_sent + 300
-    while prefill_batch_lines(arm) - before < freeze_at_chunk:
-        if time.monotonic() > limit or not client.is_alive():
-            arm.errors.append(f"the prefill never reached chunk {freeze_at_chunk}: {result}")
-            sync.give_up()
-            return
-        time.sleep(0.05)
-    arm.events["chunk_reached_after_send_s"] = round(time.monotonic() - t_sent, 2)
-    if not sync.wait():
-        arm.errors.append("another arm gave up before the freeze")
-        return
-    decode.freeze()
-    t0 = time.monotonic()
+    guarded = s.stallguard_config is not None
+    attempts: list[dict[str, Any]] = []
+    arm.events["attempts"] = attempts
+    for attempt in range(1, ATTEMPTS + 1):
+        wait_drained(arm)  # nothing of an earlier request left in the gauges
+        if not sync.wait():
+            raise RuntimeError("another arm gave up before the send")
+        time.sleep(sync.delay.get(arm.name, 0.0))
+        before = prefill_batch_lines(arm)
+        result: dict[str, Any] = {}
+        seed = 7 + 100 * attempt  # a fresh prompt each attempt: no radix-cache hit
+        client = threading.Thread(
+            target=lambda seed=seed, result=result: result.update(
+                generate(s, prompt_tokens, seed, timeout=observe + thaw_wait + 600)
+            ),
+            daemon=True,
+        )
+        t_sent = time.monotonic()
+        client.start()
+        limit = t_sent + 600
+        while prefill_batch_lines(arm) - before < freeze_at_chunk:
+            if time.monotonic() > limit or not client.is_alive():
+                raise RuntimeError(f"the prefill never reached chunk {freeze_at_chunk}: {result}")
+            time.sleep(0.02)
+        lead = time.monotonic() - t_sent
+        placed = sync.arrive(arm.name, lead, functools.partial(chunks_since, arm, before), decode)
+        attempts.append({"attempt": attempt, "placed": placed, **sync.placement})
+        if placed:
+            break
+        client.join(timeout=600)  # the decode was not frozen: it completes
+        if client.is_alive():
+            raise RuntimeError(f"attempt {attempt}: the request did not complete unfrozen")
+        arm.requests.setdefault("unplaced", []).append(result)
+    else:
+        raise RuntimeError(f"the fault could not be placed in {ATTEMPTS} attempts: {attempts}")
+    t0 = sync.t0
+    arm.events["chunk_reached_after_send_s"] = round(lead, 2)
     arm.events["freeze_after_send_s"] = round(t0 - t_sent, 2)
-    # the window: at least `observe`, and at least deadline + 15 s after the request
-    # was first seen in the inflight queue (its last chunk's forward pass comes after the
-    # freeze, later on a busier machine), at most 3 * observe; the latest arm's end
-    end = sync.end(arm.name, t0 + observe)
+    # the window, event-driven: it lasts until the request has been in the inflight
+    # queue for 2 x the deadline (the control pinned well past the deadline), and for
+    # the guarded arm until its failure was counted (at most 3 x the deadline); at least
+    # `observe`. With a shared decode the latest arm's end is everybody's.
+    entry_limit = t0 + 600  # its last chunk's compute, after the freeze: generous
+    end = sync.end(arm.name, t0 + max(observe, 2.0))
+    entry: float | None = None
+    forced: float | None = None
     while time.monotonic() < end:
         row = scrape(arm, t0)
         row["client_waiting"] = float(client.is_alive())
         arm.samples.append(row)
-        if "inflight_entry" not in arm.fault and row["inflight"] >= 1:
-            arm.fault["inflight_entry"] = row["t"]
-            sync.end(arm.name, min(t0 + row["t"] + deadline + 15, t0 + 3 * observe))
+        now = time.monotonic()
+        if entry is None and (row["inflight"] >= 1 or row["sg_oldest"] > 0):
+            entry = row["t"]
+        if forced is None and row["forced"] >= 1:
+            forced = row["t"]
+        if entry is None:
+            want = min(now + 2, entry_limit)
+        else:
+            want = t0 + entry + 2 * deadline
+            if guarded and forced is None:
+                want = max(want, min(now + 2, t0 + entry + 3 * deadline))
+        sync.end(arm.name, want)
         time.sleep(1.0)
-        end = sync.end(arm.name, 0.0)
+        end = sync.end(arm.name)
     obs = scrape(arm, t0)
     obs["client_waiting"] = float(client.is_alive())
     arm.fault["observation"] = obs
@@ -287,26 +439,44 @@ def _run_fault(
         "note": f"no answer {thaw_wait:.0f} s after thaw",
     }
     arm.fault["t0"] = t0
-    # what the prefill's metrics say when a stallguard failure / the gauge first changed
-    for row in arm.samples:
-        if "inflight_from_s" not in arm.events and row["inflight"] >= 1:
-            arm.events["inflight_from_s"] = row["t"]
-        if (
-            "released_s" not in arm.events
-            and "inflight_from_s" in arm.events
-            and row["inflight"] == 0
-        ):
-            arm.events["released_s"] = row["t"]
-        if "forced_s" not in arm.events and row["forced"] >= 1:
-            arm.events["forced_s"] = row["t"]
+    arm.events.update(events_from_samples(arm.samples))
 
 
-def after(arm: Arm, t0: float) -> None:
-    rows = [generate(arm.servers, n, 2000 + i, timeout=120) for i, n in enumerate((16, 16, 512))]
+def events_from_samples(samples: list[dict[str, float]]) -> dict[str, float]:
+    """When the prefill's metrics first showed the request (``entry_s``; SGLang's gauge:
+    ``inflight_from_s``; stallguard's oldest age: ``sg_from_s``), its release
+    (``released_s``) and a stallguard failure (``forced_s``); the entry and the failure
+    each with the time of the last scrape before that read the page (``..._after_s``:
+    the event happened in between; a scrape that failed, the server busy, reads NaN and
+    bounds nothing)."""
+    ev: dict[str, float] = {}
+    prev = 0.0
+    for row in samples:
+        if math.isnan(row["inflight"]):
+            continue
+        shown = row["inflight"] >= 1 or row["sg_oldest"] > 0
+        if "inflight_from_s" not in ev and row["inflight"] >= 1:
+            ev["inflight_from_s"] = row["t"]
+        if "entry_s" not in ev and shown:
+            ev["entry_s"], ev["entry_after_s"] = row["t"], prev
+        if "sg_from_s" not in ev and row["sg_oldest"] > 0:
+            ev["sg_from_s"] = row["t"]
+        if "released_s" not in ev and "inflight_from_s" in ev and row["inflight"] == 0:
+            ev["released_s"] = row["t"]
+        if "forced_s" not in ev and row["forced"] >= 1:
+            ev["forced_s"], ev["forced_after_s"] = row["t"], prev
+        prev = row["t"]
+    return ev
+
+
+def after(arm: Arm, t0: float, sizes: tuple[int, ...] = (16, 256)) -> None:
+    """New requests on the same servers after the fault: a small one and a fresh
+    prompt (no radix-cache hit), then the final scrape."""
+    rows = [generate(arm.servers, n, 2000 + i, timeout=300) for i, n in enumerate(sizes)]
     for r in rows:
         r["t_end_s"] = round(r.pop("t_end") - t0, 2)
     arm.requests["healthy_after"] = rows
-    time.sleep(2)
+    time.sleep(1.5)
     arm.fault["final"] = scrape(arm, t0)
 
 
@@ -316,6 +486,22 @@ def forced_failure_log(arm: Arm) -> list[str]:
         for line in arm.servers.procs["prefill"].log_text().splitlines()
         if "stallguard forced failure" in line
     ]
+
+
+def in_parallel(fn: Callable[[Arm], None], arms: list[Arm]) -> None:
+    """*fn* for every arm at once (threads); an exception is the arm's error."""
+
+    def one(a: Arm) -> None:
+        try:
+            fn(a)
+        except BaseException as e:
+            a.errors.append(f"{getattr(fn, '__name__', 'step')}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=one, args=(a,)) for a in arms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def run(
@@ -329,6 +515,7 @@ def run(
     prompt_tokens: int = PROMPT_TOKENS,
     freeze_at_chunk: int = FREEZE_AT_CHUNK,
     arms: tuple[str, ...] = ("without", "with"),
+    backend: str = "nixl",
     log: Any = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns what results.json holds. Always stops every process it
@@ -341,6 +528,7 @@ def run(
     config = out / "stallguard-sglang.toml"
     config.write_text(CONFIG.format(deadline=deadline))
     t_all = time.monotonic()
+    phases: dict[str, float] = {}
     made: dict[str, Arm] = {}
     for name in arms:
         owner = next(iter(made.values())).servers if shared_decode and made else None
@@ -351,27 +539,40 @@ def run(
             decode_from=owner,
             decode_stallguard=not shared_decode,
             decode_name="decode" if shared_decode else None,
+            backend=backend,
         )
         made[name] = Arm(name, servers)
     batches = [list(made.values())] if not sequential else [[a] for a in made.values()]
     if shared_decode:
         batches = [list(made.values())]
+
+    def mark(phase: str) -> None:
+        phases[phase] = round(time.monotonic() - t_all, 1)
+
     try:
         for batch in batches:
             for a in batch:
                 a.servers.start_servers()
+            # the routers start with the servers (their own start-up, ~30 s of imports
+            # at load 25, overlaps the servers'); each registers its workers once they
+            # answer /health, checking every second
+            for a in batch:
+                a.servers.start_router()
             log(
-                f"started {', '.join(a.name for a in batch)}: prefill + decode, waiting for /health"
+                f"started {', '.join(a.name for a in batch)}: prefill + decode + router, "
+                "waiting for /health"
             )
             wait_healthy([a.servers for a in batch])
+            mark("healthy")
             for a in batch:
                 log(f"{a.name}: healthy after {a.servers.healthy_after}")
-                a.servers.start_router()
-            for a in batch:
-                ready_router(a)
-                a.requests["healthy_before"] = [
-                    generate(a.servers, 16, 100 + i, 60) for i in range(2)
-                ]
+            in_parallel(ready_router, batch)
+            if any(a.errors for a in batch):
+                raise RuntimeError(f"routers not ready: {[a.errors for a in batch]}")
+            mark("routers_ready")
+
+            def before(a: Arm) -> None:
+                a.requests["healthy_before"] = [generate(a.servers, 16, 100, 120)]
                 a.events["rss_mb"] = round(
                     sum(
                         group_rss_mb(p.pgid)
@@ -380,11 +581,14 @@ def run(
                     ),
                     0,
                 )
+
+            in_parallel(before, batch)
             log(
                 f"routers ready; the fault: decode SIGSTOPped mid-transfer of a "
                 f"{kv_mb(prompt_tokens):.0f} MB KV"
             )
-            sync = Sync(len(batch)) if shared_decode else None
+            chunks = math.ceil(prompt_tokens / batch[0].servers.chunked_prefill_size)
+            sync = Sync(len(batch), chunks, freeze_at_chunk) if shared_decode else None
             threads = [
                 threading.Thread(
                     target=run_fault,
@@ -396,12 +600,13 @@ def run(
                 t.start()
             for t in threads:
                 t.join()
+            mark("fault_done")
+            in_parallel(lambda a: after(a, a.fault["t0"]) if "t0" in a.fault else None, batch)
             for a in batch:
-                if "t0" in a.fault:
-                    after(a, a.fault["t0"])
                 a.fault["stallguard_log"] = forced_failure_log(a)
-            for a in batch:
-                a.servers.stop()
+            mark("after_done")
+            stop_all([p for a in batch for m, p in a.servers.procs.items() if a.servers.owns(m)])
+            mark("stopped")
     finally:
         for a in made.values():
             a.servers.stop()
@@ -409,9 +614,12 @@ def run(
         "deadline_s": deadline,
         "observe_s": observe,
         "prompt_tokens": prompt_tokens,
+        "chunks": math.ceil(prompt_tokens / CHUNK),
         "kv_mb": kv_mb(prompt_tokens),
         "shared_decode": shared_decode,
+        "backend": backend,
         "total_s": round(time.monotonic() - t_all, 1),
+        "phases_s": phases,
         "arms": {
             a.name: {
                 "healthy_after": a.servers.healthy_after,
@@ -523,8 +731,9 @@ def table(results: dict[str, Any]) -> str:
         "Times are seconds after the decode was SIGSTOPped (mid-transfer of the "
         f"{results['prompt_tokens']}-token, {results['kv_mb']:.0f} MB KV); deadline {d:g} s "
         "(WaitingForInput, Transferring), "
-        f"observation point and SIGCONT at +{results['observe_s']:g} s or deadline + 15 s "
-        "after the request was first seen in the inflight queue, whichever is later. "
+        f"observation point and SIGCONT at +{results['observe_s']:g} s or 2 x the deadline "
+        "after the request was first seen in the inflight queue (and, with stallguard, its "
+        "failure counted), whichever is later. "
         f"Total {results['total_s']:g} s."
     )
     return "\n".join(rows)
@@ -587,7 +796,9 @@ def main(argv: list[str] | None = None) -> int:
         default=20.0,
         help="prefill WaitingForInput/Transferring deadline (s)",
     )
-    p.add_argument("--observe", type=float, default=50.0, help="seconds the decode stays frozen")
+    p.add_argument(
+        "--observe", type=float, default=50.0, help="seconds the decode stays frozen, at least"
+    )
     p.add_argument(
         "--sequential", action="store_true", help="one arm at a time (half the memory and CPU)"
     )
@@ -597,8 +808,29 @@ def main(argv: list[str] | None = None) -> int:
         help="one decode (without stallguard) for both arms' prefills: both arms at once",
     )
     p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
+    p.add_argument(
+        "--freeze-at-chunk",
+        type=int,
+        default=FREEZE_AT_CHUNK,
+        help="freeze once the prefill logged this many chunks of the prompt (not all)",
+    )
     p.add_argument("--arms", default="without,with")
+    p.add_argument(
+        "--backend",
+        default="nixl",
+        help=f"KV transfer backend of the servers: {', '.join(BACKENDS)} (Mooncake over TCP)",
+    )
     args = p.parse_args(argv)
+    if args.backend not in BACKENDS:
+        p.error(f"--backend {args.backend!r}: must be one of {', '.join(BACKENDS)}")
+    chunks = math.ceil(args.prompt_tokens / CHUNK) if args.prompt_tokens > 0 else 0
+    if chunks < 2:
+        p.error(f"--prompt-tokens {args.prompt_tokens}: needs at least 2 chunks of {CHUNK}")
+    if not 1 <= args.freeze_at_chunk < chunks:
+        p.error(
+            f"--freeze-at-chunk {args.freeze_at_chunk}: must be 1 to {chunks - 1} "
+            f"(the prompt has {chunks} chunks of {CHUNK})"
+        )
     if not PYTHON.exists():
         print(
             f"{PYTHON} is missing: run `python3 tools/dev.py env` (it builds .venv-realsrv)",
@@ -612,7 +844,9 @@ def main(argv: list[str] | None = None) -> int:
         sequential=args.sequential,
         shared_decode=args.shared_decode,
         prompt_tokens=args.prompt_tokens,
+        freeze_at_chunk=args.freeze_at_chunk,
         arms=tuple(args.arms.split(",")),
+        backend=args.backend,
         log=lambda m: print(f"[real_servers] {m}", flush=True),
     )
     text = table(results)

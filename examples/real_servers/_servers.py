@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,8 +40,13 @@ COMMON_FLAGS = [
     "--model-path", str(MODEL), "--load-format", "dummy", "--device", "cpu",
     "--skip-tokenizer-init", "--attention-backend", "torch_native", "--disable-cuda-graph",
     "--tp", "1", "--host", HOST, "--enable-metrics",
-    "--disaggregation-transfer-backend", "nixl",
 ]  # fmt: skip
+
+#: The KV transfer backends the rig runs: NIXL over UCX/TCP, or Mooncake's transfer
+#: engine over TCP (``MC_FORCE_TCP=1``: no RDMA device here).
+BACKENDS = ("nixl", "mooncake")
+#: Environment each backend adds to the servers'.
+BACKEND_ENV = {"nixl": {}, "mooncake": {"MC_FORCE_TCP": "1"}}
 
 #: Environment of every server: loopback only, NIXL over UCX's TCP transport.
 SERVER_ENV = {
@@ -85,6 +91,21 @@ def http(
 
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_series(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text -> [(name, labels, value)], one per sample line."""
+    out: list[tuple[str, dict[str, str], float]] = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and not line.startswith("#"):
+            with suppress(ValueError):
+                labels = dict(_LABEL.findall(m.group(2) or ""))
+                out.append((m.group(1), labels, float(m.group(3))))
+    return out
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -179,7 +200,13 @@ def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) ->
     ``STALLGUARD_SGLANG_CONFIG`` for the "with" arm: the one thing that differs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # SGLang makes its own per server
-    paths = [str(ROOT), str(ROOT / "adapters" / "sglang" / "src")]
+    # this checkout's CPU stand-ins too: the venv's .pth imports `_stallguard_realsrv`
+    # by name, and PYTHONPATH comes before the path the .pth appends
+    paths = [
+        str(ROOT),
+        str(ROOT / "adapters" / "sglang" / "src"),
+        str(ROOT / "examples" / "real_servers" / "standins"),
+    ]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH")]))
     env.update(SERVER_ENV)
     if stallguard_config is not None:
@@ -209,6 +236,8 @@ class ServerSet:
     decode_stallguard: bool = True
     #: the decode's process/log name (default "<arm>-decode"; "decode" for a shared one)
     decode_name: str | None = None
+    #: the KV transfer backend of both servers (:data:`BACKENDS`)
+    backend: str = "nixl"
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -221,12 +250,15 @@ class ServerSet:
             self.ports = dict(zip(names, p, strict=True))
         if self.decode_from is not None:
             self.ports["decode"] = self.decode_from.ports["decode"]
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r}: must be one of {', '.join(BACKENDS)}")
 
     def url(self, name: str) -> str:
         return f"http://{HOST}:{self.ports[name]}"
 
     def server_argv(self, mode: str) -> list[str]:
         argv = [str(PYTHON), "-m", "sglang.launch_server", *COMMON_FLAGS, *CPU_STANDIN_FLAGS]
+        argv += ["--disaggregation-transfer-backend", self.backend]
         argv += ["--max-total-tokens", str(self.max_total_tokens)]
         argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
         argv += ["--port", str(self.ports[mode]), "--disaggregation-mode", mode]
@@ -245,6 +277,9 @@ class ServerSet:
             "--prefill", self.url("prefill"), str(self.ports["bootstrap"]),
             "--decode", self.url("decode"), "--host", HOST, "--port", str(self.ports["router"]),
             "--disable-health-check", "--disable-circuit-breaker", "--disable-retries",
+            # it checks that its workers are up every 30 s by default: every second here
+            # (the servers are healthy already when it starts; a 30 s wait is only cost)
+            "--worker-startup-check-interval", "1",
             # its own Prometheus exporter (default :29000, which two routers cannot share)
             "--prometheus-host", HOST, "--prometheus-port", str(self.ports["router_metrics"]),
         ]  # fmt: skip
@@ -264,7 +299,10 @@ class ServerSet:
                 else f"{self.arm}-{mode}"
             )
             self.procs[mode] = spawn(
-                name, self.server_argv(mode), server_env(config), self.logs / f"{name}.log"
+                name,
+                self.server_argv(mode),
+                server_env(config, BACKEND_ENV[self.backend]),
+                self.logs / f"{name}.log",
             )
 
     def owns(self, mode: str) -> bool:
@@ -283,7 +321,11 @@ class ServerSet:
 
     def poll_health(self) -> dict[str, int]:
         """One /health probe of each server that is not healthy yet; records when each
-        first answered 200. Raises if a server process died."""
+        first answered 200. Raises if a server process (or a router started with the
+        servers) died."""
+        router = self.procs.get("router")
+        if router is not None and not router.alive():
+            raise ServerDied(router)
         for mode in ("prefill", "decode"):
             if mode in self.healthy_after:
                 continue
@@ -318,6 +360,16 @@ class ServerSet:
 
     def __iter__(self) -> Iterator[Proc]:
         return iter(self.procs.values())
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """Stop *procs* at once (each waits up to ~13 s for its group; not one after the
+    other)."""
+    threads = [threading.Thread(target=p.stop, daemon=True) for p in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
 
 
 class ServerDied(RuntimeError):

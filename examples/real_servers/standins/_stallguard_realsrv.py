@@ -5,7 +5,7 @@ STAND-IN, not stallguard code. Imported by ``_stallguard_realsrv.pth``, which
 examples/real_servers), so every interpreter of that venv, including the scheduler
 processes ``sglang.launch_server`` spawns, gets it before SGLang is imported. It must
 stay cheap: it runs at every interpreter start-up, and does nothing until
-``sglang.srt.disaggregation.nixl.conn`` is imported.
+``sglang.srt.disaggregation.nixl.conn`` or ``...mooncake.conn`` is imported.
 
 What it stands in for:
 
@@ -17,6 +17,17 @@ What it stands in for:
   (``NIXL_ERR_BACKEND`` in ``register_memory``). On a GPU host nothing here is needed.
   The wrapper maps ``VRAM`` to ``DRAM`` in what the function returns, so both sides
   register, and advertise, host memory; the transfer itself is NIXL's real one.
+
+* **Mooncake's sender: indices already on the host.** SGLang's prefill moves a chunk's
+  KV page indices to the host for a sender that says ``supports_host_tensor_indices``
+  (Mooncake's, ``disaggregation/mooncake/conn.py``) through pinned memory and a CUDA
+  event recorded on the current stream (``disaggregation/prefill.py``,
+  ``_send_kv_chunk``): on a CPU there is no pinned allocator and the scheduler dies at
+  the first request (``RuntimeError: pin_memory=True requires a CUDA or other
+  accelerator backend``). On a CPU the indices are host memory already; the class
+  attribute is set to False, so the prefill takes the path it takes for NIXL
+  (``kv_to_page_indices`` on the host tensor). The transfer is Mooncake's real one (its
+  transfer engine over TCP, ``MC_FORCE_TCP=1``).
 
 The other stand-ins of the rig are not Python: the ``vllm`` stub package next to this
 file (see its docstring) and two server flags (examples/real_servers/_servers.py,
@@ -35,6 +46,7 @@ import types
 from collections.abc import Sequence
 
 NIXL_CONN = "sglang.srt.disaggregation.nixl.conn"
+MOONCAKE_CONN = "sglang.srt.disaggregation.mooncake.conn"
 
 
 def _host_memory_kinds(module: types.ModuleType) -> None:
@@ -50,8 +62,20 @@ def _host_memory_kinds(module: types.ModuleType) -> None:
     setattr(module, "_normalize_kv_mem_kinds", _normalize_kv_mem_kinds)  # noqa: B010
 
 
+def _host_tensor_indices(module: types.ModuleType) -> None:
+    """Mooncake's sender: no device-to-host copy of the page indices (they are on the
+    host)."""
+    sender = getattr(module, "MooncakeKVSender", None)
+    if sender is not None:
+        sender.supports_host_tensor_indices = False
+
+
+#: module -> what to do to it right after it is imported
+PATCHES = {NIXL_CONN: _host_memory_kinds, MOONCAKE_CONN: _host_tensor_indices}
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds NIXL_CONN with the normal path finder and runs _host_memory_kinds on the
+    """Finds a module of PATCHES with the normal path finder and runs its patch on the
     module right after its code ran (before anything else can use it)."""
 
     def find_spec(
@@ -60,7 +84,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: types.ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != NIXL_CONN:
+        patch = PATCHES.get(fullname)
+        if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
@@ -70,7 +95,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: types.ModuleType) -> None:
             run_module(module)
-            _host_memory_kinds(module)
+            patch(module)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -79,9 +104,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def install() -> None:
     if os.environ.get("STALLGUARD_REALSRV_STANDINS", "1") == "0":
         return
-    if NIXL_CONN in sys.modules:  # imported before us: patch it in place
-        _host_memory_kinds(sys.modules[NIXL_CONN])
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+    for name, patch in PATCHES.items():
+        if name in sys.modules:  # imported before us: patch it in place
+            patch(sys.modules[name])
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
 
 
