@@ -68,34 +68,3 @@ def pytest_collect_file(file_path: Path, parent):  # type: ignore[no-untyped-def
     if is_doc_page(file_path):
         return _collect(file_path, parent)
     return None
-
-
-# -- running on two workers (pytest-xdist, `--dist loadgroup`: tools/dev.py test) -------
-# Every test file is one group, so a module fixture (a demo run, a rig of real servers)
-# is set up once, on one worker. Files that use the same fixed ports share a group, so
-# they never run at the same time: vllm_scenarios.py's NIXL side channels (5600-5606)
-# and its KV-event port (29611), used by the vLLM real tests, the generic connector's
-# NIXL scenarios and the vLLM demo.
-SHARED_GROUPS = {
-    "adapters/vllm/tests/test_vllm_real.py": "vllm-fixed-ports",
-    "adapters/vllm/tests/test_vllm_generic.py": "vllm-fixed-ports",
-    "tests/test_examples_vllm.py": "vllm-fixed-ports",
-}
-
-
-def xdist_group_of(path: Path) -> str:
-    """The group of the tests of *path* (a test file or a docs page): its shared group,
-    else the file itself, relative to the repository."""
-    try:
-        name = path.resolve().relative_to(ROOT).as_posix()
-    except ValueError:  # a file outside the repository: a group of its own
-        name = str(path)
-    return SHARED_GROUPS.get(name, name)
-
-
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    import pytest
-
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(Path(item.path))))

@@ -345,8 +345,8 @@ def test_docs_builds_only_the_docs_venv_and_runs_sphinx_there(monkeypatch):
 
 
 # --------------------------------------------------------------- test workers (xdist)
-def test_the_suite_runs_on_two_workers_by_default_each_file_a_group():
-    assert dev.runners.worker_args([], {}) == ["-n", "2", "--dist", "loadgroup"]
+def test_the_suite_runs_on_two_workers_by_default_each_file_on_one_worker():
+    assert dev.runners.worker_args([], {}) == ["-n", "2", "--dist", "loadfile"]
     assert dev.runners.worker_args([], {"STALLGUARD_TEST_WORKERS": "0"}) == []
     assert dev.runners.worker_args([], {"STALLGUARD_TEST_WORKERS": "3"})[:2] == ["-n", "3"]
     # arguments that choose workers themselves win
@@ -362,4 +362,4 @@ def test_a_bad_worker_count_is_named_with_its_value(raw):
         assert str(exc).startswith(f"STALLGUARD_TEST_WORKERS={raw!r}: must be a whole number")
     else:
         n = int(raw)
-        assert 0 <= n <= 64 and got == ([] if n == 0 else ["-n", str(n), "--dist", "loadgroup"])
+        assert 0 <= n <= 64 and got == ([] if n == 0 else ["-n", str(n), "--dist", "loadfile"])

@@ -17,7 +17,10 @@ def env_command() -> int:
 
 
 #: pytest-xdist workers of `test` (CI has 2 cores); STALLGUARD_TEST_WORKERS overrides,
-#: 0 runs the suite in one process. Each test file is one xdist group (conftest.py).
+#: 0 runs the suite in one process. `--dist loadfile`: the tests of one file run on one
+#: worker, so a module fixture (a demo run, a rig of real servers) is set up once. (Not
+#: `loadgroup`: pytest-xdist 3.8 marks a group by editing `item._nodeid`, which pytest
+#: 9.2's `nodeid` no longer reads, so every test became a group of its own.)
 WORKERS = "2"
 
 
@@ -34,7 +37,7 @@ def worker_args(args: list[str], environ: dict[str, str] | None = None) -> list[
             "(one process, no xdist) to 64"
         )
     n = int(raw)
-    return [] if n == 0 else ["-n", str(n), "--dist", "loadgroup"]
+    return [] if n == 0 else ["-n", str(n), "--dist", "loadfile"]
 
 
 def test_command(args: list[str]) -> int:
@@ -70,8 +73,8 @@ def demo_command(args: list[str]) -> int:
     """The project's main job: the PD wedge on real NIXL and Mooncake engines, run
     without and with stallguard-sglang (examples/pd_wedge; docs/demo.md), the vLLM
     section (vLLM's NIXL and Mooncake connectors with and without stallguard-vllm, run
-    in .venv-vllm: examples/vllm_wedge.py), then the same incident and four more faults on real SGLang
-    servers behind the real sglang-router, and report -> advise -> enforce on them
+    in .venv-vllm: examples/vllm_wedge.py), then the same incident and four more faults
+    on real SGLang servers behind the real sglang-router, and report -> advise -> enforce on them
     (examples/real_servers, about 12-20 minutes and 10 more on 2 busy cores; skipped
     with ``--no-real-servers``, which is not passed on to examples/pd_wedge). The worst
     exit status wins."""

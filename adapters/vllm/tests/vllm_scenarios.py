@@ -17,6 +17,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,8 +90,40 @@ def run_script(
     return read_result(out, proc.returncode, log)
 
 
-PULL_P_PORT, PUSH_P_PORT, PUSH_D_PLAIN_PORT, PUSH_D_SG_PORT = 5600, 5601, 5602, 5603
-PREFILL_PLAIN_PORT, PREFILL_SG_PORT, PUSH_D_UNSAFE_PORT = 5604, 5605, 5606
+PORTS_VAR = "STALLGUARD_VLLM_SCENARIO_PORTS"
+
+
+def _scenario_ports(n: int = 9) -> tuple[int, ...]:
+    """The scenarios' ports (NIXL side channels, torch.distributed init): free ones,
+    picked once per scenario run and handed to its spawned children through the
+    environment (a child re-imports this module), so that two runs at the same time
+    (two pytest-xdist workers, another checkout's tests) never share one."""
+    raw = os.environ.get(PORTS_VAR)
+    if raw:
+        return tuple(int(p) for p in raw.split(","))
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        ports = tuple(sock.getsockname()[1] for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    os.environ[PORTS_VAR] = ",".join(map(str, ports))
+    return ports
+
+
+(
+    PULL_P_PORT,
+    PUSH_P_PORT,
+    PUSH_D_PLAIN_PORT,
+    PUSH_D_SG_PORT,
+    PREFILL_PLAIN_PORT,
+    PREFILL_SG_PORT,
+    PUSH_D_UNSAFE_PORT,
+    PREFILL_INIT_PORT,
+    SCENARIO_INIT_PORT,
+) = _scenario_ports()
 #: the prefill engines' KV contents (vllm_engine.pattern): what a late transfer carries
 PULL_P_SEED, PUSH_P_SEED = 11, 12
 
@@ -133,7 +166,8 @@ def prometheus(e: Any, payloads: list[dict[str, Any]]) -> dict[str, float | None
 
 def prefill_process(inq: Any, outq: Any, port: int) -> None:
     """Two prefill engines in one process: ``pull`` (vLLM's NixlConnector, side channel
-    5600) and ``push`` (NixlPushConnector, 5601); frozen together by SIGSTOP."""
+    PULL_P_PORT) and ``push`` (NixlPushConnector, PUSH_P_PORT); frozen together by
+    SIGSTOP."""
     sys.path.insert(0, HERE)
     import vllm_engine as V
 
@@ -175,7 +209,7 @@ def _thread_states(pid: int) -> list[str]:
 class Prefill:
     """The prefill child process."""
 
-    def __init__(self, port: int = 29611) -> None:
+    def __init__(self, port: int = PREFILL_INIT_PORT) -> None:
         ctx = mp.get_context("spawn")
         self.inq, self.outq = ctx.Queue(), ctx.Queue()
         self.proc = ctx.Process(
@@ -821,7 +855,7 @@ def run_all(config_path: str, which: list[str]) -> dict[str, Any]:
 
         clock = FakeClock(1000.0)
         sgc.set_clock(clock)
-        V.init_process(29612)
+        V.init_process(SCENARIO_INIT_PORT)
         spans = _span_recorder()
         out: dict[str, Any] = {"timing": {"start": time.monotonic() - T0}}
         for name in which:
