@@ -187,6 +187,7 @@ def _add_constants(app: Any, docname: str, source: list[str]) -> None:
 CHAPTER_ORDER = [
     "demo",
     "sglang",
+    "sglang-internals",
     "specs",
     "watchdog",
     "guard",

@@ -32,7 +32,7 @@ _REASON = re.compile(r" in (\w+) in the decode (prealloc|transfer) queue")
 
 
 def phase_of(queue: str, dreq) -> str:
-    """The request's decode phase, as docs/sglang.md "The decode side" defines them."""
+    """The request's decode phase, as docs/sglang-internals.md "The decode side" defines them."""
     receiver = dreq.kv_receiver
     state = receiver.conclude_state
     if state is None:

@@ -6,7 +6,8 @@ registration, or after decode's metadata arrived and before the KV is sent): on 
 the prefill processes decode's queued ABORT first and never writes, so nothing can land
 anywhere. The danger is a WRITE already under way when the prefill froze: the request is
 failed, and if its pages are freed and handed to the next request, the rest of the WRITE
-lands in that request's KV when the prefill resumes (issue 19; docs/sglang.md).
+lands in that request's KV when the prefill resumes (issue 19; the quarantine in
+docs/sglang-internals.md).
 
 Per engine, four processes of their own, so that the rooms can be big (a WRITE of
 8 pages x 1 MiB x 4 KV buffers = 32 MiB, long enough to be frozen in the middle of):
