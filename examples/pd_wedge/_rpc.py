@@ -5,12 +5,18 @@ Worker -> driver: ``(msg_id, ok, result_or_error_text)``, one per message with a
 
 Workers never block on the pipe: their loop drains it between two units of work,
 and a frozen (SIGSTOPped) worker simply stops answering, which the driver bounds
-with a timeout on every call.
+with a timeout on every call. The driver never blocks on it either: its messages go
+through an outbox that a thread of its own writes to the pipe, in order. A frozen
+worker stops reading, and at a loaded machine's longer fault windows (x8) the requests
+sent to it meanwhile outgrow the pipe's 64 KiB buffer: a blocking send would stall the
+whole run (its SIGCONT included) there.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -29,19 +35,48 @@ class Endpoint:
         self.name = name
         self.conn = conn
         self._ids = itertools.count(1)
+        self._outbox: collections.deque[tuple[int | None, str, dict[str, Any]]] = (
+            collections.deque()
+        )
+        self._ready = threading.Condition()
+        self._gone = False
+        threading.Thread(target=self._write, name=f"rpc-{name}", daemon=True).start()
+
+    def _write(self) -> None:
+        while True:
+            with self._ready:
+                while not self._outbox:
+                    self._ready.wait()
+                message = self._outbox[0]
+            try:
+                self.conn.send(message)  # blocks while a frozen worker's pipe is full
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+                self._gone = True  # a killed worker: what is left is lost, as it would be
+                with self._ready:
+                    self._outbox.clear()
+                return
+            with self._ready:
+                self._outbox.popleft()
+
+    def _put(self, message: tuple[int | None, str, dict[str, Any]]) -> None:
+        with self._ready:
+            self._outbox.append(message)
+            self._ready.notify()
 
     def send(self, command: str, **kwargs: Any) -> bool:
-        """Fire and forget (the pipe's buffer absorbs a short burst). False if the worker
-        is gone (a killed decode: the message is lost, as a request to a dead host is)."""
-        try:
-            self.conn.send((None, command, kwargs))
-        except (BrokenPipeError, ConnectionResetError, EOFError):
+        """Fire and forget, never blocking (the outbox absorbs what a frozen worker does
+        not read yet). False once the worker is known to be gone (a killed decode: the
+        message is lost, as a request to a dead host is)."""
+        if self._gone:
             return False
+        self._put((None, command, kwargs))
         return True
 
     def call(self, command: str, timeout: float = 20.0, **kwargs: Any) -> Any:
         msg_id = next(self._ids)
-        self.conn.send((msg_id, command, kwargs))
+        if self._gone:
+            raise WorkerError(f"{self.name}: pipe closed before {command!r}")
+        self._put((msg_id, command, kwargs))
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
