@@ -363,3 +363,16 @@ def test_a_bad_worker_count_is_named_with_its_value(raw):
     else:
         n = int(raw)
         assert 0 <= n <= 64 and got == ([] if n == 0 else ["-n", str(n), "--dist", "loadfile"])
+
+
+def test_the_alone_tests_run_after_the_others_by_themselves():
+    two = dev.runners.test_phases(["-x"], {})
+    assert two == [
+        ["--durations=30", "-n", "2", "--dist", "loadfile", "-m", "not alone", "-x"],
+        ["--durations=10", "-m", "alone", "-x"],
+    ]
+    # a marker expression of the caller's: one run with it (pytest keeps the last -m)
+    assert dev.runners.test_phases(["-m", "sglang"], {})[0][-2:] == ["-m", "sglang"]
+    assert len(dev.runners.test_phases(["-m", "sglang"], {})) == 1
+    # no workers: one run of everything, as before
+    assert dev.runners.test_phases([], {"STALLGUARD_TEST_WORKERS": "0"}) == [["--durations=30"]]

@@ -63,6 +63,9 @@ pytestmark = [
     pytest.mark.sglang,
     pytest.mark.engines,
     pytest.mark.slow,
+    # its deadlines are derived from a warm-up measurement: another test starting beside
+    # it would change the load it measured (tools/dev.py test runs it by itself)
+    pytest.mark.alone,
     # the demo's windows follow the derived deadlines: on a loaded machine a run is longer
     pytest.mark.timeout(TIMEOUT + 60),
     pytest.mark.skipif(

@@ -82,6 +82,8 @@ pytestmark = [
     pytest.mark.sglang,
     pytest.mark.engines,
     pytest.mark.slow,
+    # eight server processes and timing from their own metrics: by itself (tools/dev.py)
+    pytest.mark.alone,
     # generous: the launch alone took up to 4 minutes at load 15-35
     pytest.mark.timeout(1500),
     pytest.mark.skipif(PROBLEM is not None, reason=f"real servers: {PROBLEM}"),
