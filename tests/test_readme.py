@@ -34,7 +34,16 @@ def test_readme_starts_with_the_two_commands() -> None:
     assert lines[5] == "```"
 
 
-def _check_output(proc: subprocess.CompletedProcess[str]) -> None:
+def _run_example(python: str | Path, cwd: Path, env: dict[str, str]) -> None:
+    """The README's block under *python*, from *cwd*: it prints what the README says."""
+    proc = subprocess.run(
+        [str(python), "-c", _user_example()],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     # what the README says it prints: the expiry, then the failed request
@@ -50,15 +59,7 @@ def test_readme_example_runs_verbatim(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # the installed stallguard (.venv has it editable); in a worktree run, the checkout
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-c", _user_example()],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    _check_output(proc)
+    _run_example(sys.executable, tmp_path, env)
 
 
 def _locked_versions() -> str:
@@ -110,12 +111,4 @@ def test_readme_example_runs_in_a_wheels_only_venv(tmp_path: Path) -> None:
     # the installed wheel, not the checkout (and no .pth of the dev venvs)
     assert found.stdout.startswith(str(venv)), found.stdout
     assert str(ROOT) not in found.stdout, found.stdout
-    proc = subprocess.run(
-        [str(python), "-c", _user_example()],
-        cwd=where,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    _check_output(proc)
+    _run_example(python, where, env)
