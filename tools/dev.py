@@ -2,7 +2,9 @@
 """Reproducible developer environment for stallguard (stdlib only, Python 3.11).
 
     python3 tools/dev.py env                 create/update .venv and its overlays, .venv-vllm
-    python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`
+    python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`: the
+                                             tests on 2 xdist workers, then those marked
+                                             `alone` by themselves (STALLGUARD_TEST_WORKERS)
     python3 tools/dev.py demo [demo args]    `env`, then the demo: the PD wedge on SGLang's and
                                              vLLM's engines (examples/pd_wedge, vllm_wedge),
                                              then faults and report->advise->enforce on real
