@@ -5,12 +5,27 @@ what it sent arrives in order once the worker reads again."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
+
+import pytest
 
 from examples.pd_wedge._rpc import Endpoint, WorkerError
 
 PAYLOAD = "x" * 1000  # 300 of these: ~300 KB, far past a pipe's 64 KiB buffer
+
+
+def test_control_the_flood_does_not_fit_in_the_pipe():
+    """What the outbox is for: the 300 messages do not fit in a pipe nobody reads, so a
+    plain (blocking) send of them would hang (shown here without blocking: the raw pipe
+    set non-blocking refuses the rest)."""
+    driver, worker = multiprocessing.Pipe()
+    os.set_blocking(driver.fileno(), False)
+    with pytest.raises(BlockingIOError):
+        for i in range(300):
+            driver.send((None, "submit", {"i": i, "pad": PAYLOAD}))
+    worker.close()
 
 
 def test_sending_to_a_worker_that_does_not_read_never_blocks_and_keeps_the_order():
