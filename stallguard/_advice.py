@@ -169,8 +169,7 @@ class Advice:
             if s.suggested is None:
                 lines.append(f"# {state}: no suggestion ({s.reason})")
             else:
-                whole = s.suggested == int(s.suggested)
-                lines.append(f"{state} = {int(s.suggested) if whole else repr(s.suggested)}")
+                lines.append(f"{state} = {toml_number(s.suggested)}")
         return lines
 
     def table(self) -> str:
@@ -714,3 +713,9 @@ def statistics_from_prometheus(
             completed=("completed",) if completed_counter else (),
         )
     return Statistics(spec=spec, mode=None, states=states)
+
+
+def toml_number(seconds: float) -> str:
+    """*seconds* as a TOML value: an integer when whole (``30``), else the float's
+    shortest exact spelling (``1.25``)."""
+    return str(int(seconds)) if seconds == int(seconds) else repr(seconds)

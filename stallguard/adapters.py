@@ -20,7 +20,8 @@ specifier and its check), :func:`versions_line`, :func:`version_action`,
 
 Time in state on Prometheus: :data:`BOUNDS` and :data:`LADDER` (the statistics bucket
 layout), :func:`histogram_buckets`, :class:`StatisticsExporter`, and
-:func:`read_prometheus` (samples of a text exposition).
+:func:`read_prometheus` (samples of a text exposition); :func:`toml_number` (a suggested
+deadline as a TOML value, as :meth:`stallguard.Advice.toml_lines` writes them).
 
 Nothing here imports an engine, prometheus_client or (until a check runs) packaging.
 """
@@ -44,7 +45,7 @@ from ._adapters import (
     version_action,
     versions_line,
 )
-from ._advice import read_prometheus
+from ._advice import read_prometheus, toml_number
 from ._lazy import lazy_attribute, lazy_names
 from ._prometheus import StatisticsExporter, add_to_histogram, histogram_buckets, ladder_counts
 from ._stats import BOUNDS, LADDER
@@ -111,6 +112,7 @@ __all__ = [
     "run_console",
     "seconds_arg",
     "shorten",
+    "toml_number",
     "version_action",
     "versions_line",
 ]

@@ -30,6 +30,7 @@ from stallguard.adapters import (
     one_line,
     parse_window,
     read_prometheus,
+    toml_number,
 )
 
 from . import _metrics, _stats_export
@@ -166,10 +167,6 @@ def advise_text(
     return out
 
 
-def _toml_number(seconds: float) -> str:
-    return str(int(seconds)) if seconds == int(seconds) else repr(seconds)
-
-
 def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
     """The suggestions as stallguard-sglang configuration: the backend with the most
     recorded stays (``fake`` only if it is the only one) in ``[prefill.deadlines]``,
@@ -198,7 +195,7 @@ def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
     ]
     if boot:
         lines.append("[bootstrap_queue]")
-        lines.append(f"deadline = {_toml_number(max(boot))}")
+        lines.append(f"deadline = {toml_number(max(boot))}")
         lines.append("")
     return "\n".join(lines)
 
