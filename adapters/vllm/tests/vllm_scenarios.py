@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -101,14 +102,20 @@ def _scenario_ports(n: int = 9) -> tuple[int, ...]:
     raw = os.environ.get(PORTS_VAR)
     if raw:
         return tuple(int(p) for p in raw.split(","))
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        ports = tuple(sock.getsockname()[1] for sock in socks)
-    finally:
-        for sock in socks:
-            sock.close()
+    # below the kernel's ephemeral range (where port 0 binds land, e.g. the Mooncake half
+    # running beside it: a port taken there between this check and its use collided)
+    ports_found: list[int] = []
+    rng = random.Random()
+    while len(ports_found) < n:
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports_found:
+            ports_found.append(port)
+    ports = tuple(ports_found)
     os.environ[PORTS_VAR] = ",".join(map(str, ports))
     return ports
 
