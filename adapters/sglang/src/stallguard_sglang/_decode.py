@@ -355,6 +355,13 @@ class _DecodeGuard(QueueMembership):
                     expiry.reason,
                 )
 
+    def idle(self) -> None:
+        """The queue is empty and nothing is enrolled: export what its last requests
+        left to ``/metrics`` once the export period is up (so a scrape after the traffic
+        stops sees every stay, as on the prefill side)."""
+        if self.stats is not None:
+            self._export(self.clock())
+
     def _export(self, now: float) -> None:
         """Time in state to /metrics, about once a second (labels: queue ``prealloc`` /
         ``transfer``, as on the counters; the backend of its requests)."""
