@@ -15,12 +15,14 @@ from stallguard._stats import LADDER
 NAME = "sglang:stallguard_state_seconds"
 
 
-def scrape(stays: dict[tuple[str, str], list[float]], *, deadlines=None) -> str:
-    """An exposition like the adapter's, two ranks, for {(backend, state): stays}."""
+def scrape(stays: dict[tuple[str, ...], list[float]], *, deadlines=None) -> str:
+    """An exposition like the adapter's, two ranks, for {(backend, state): stays} (or
+    {(backend, state, queue): stays}; the queue is ``inflight`` otherwise)."""
     lines = [f"# TYPE {NAME} histogram"]
-    for (backend, state), values in stays.items():
+    for key, values in stays.items():
+        backend, state, queue = (*key, "inflight")[:3]
         for rank, part in (("0", values[::2]), ("1", values[1::2])):
-            labels = f'backend="{backend}",queue="inflight",state="{state}",tp_rank="{rank}"'
+            labels = f'backend="{backend}",queue="{queue}",state="{state}",tp_rank="{rank}"'
             for bound in (*LADDER, math.inf):
                 le = "+Inf" if bound == math.inf else repr(bound)
                 count = sum(1 for v in part if v <= bound)
@@ -28,7 +30,7 @@ def scrape(stays: dict[tuple[str, str], list[float]], *, deadlines=None) -> str:
             lines.append(f"{NAME}_sum{{{labels}}} {sum(part)}")
         deadline = (deadlines or {}).get(state, 0)
         lines.append(
-            f'sglang:stallguard_deadline_seconds{{backend="{backend}",queue="inflight",'
+            f'sglang:stallguard_deadline_seconds{{backend="{backend}",queue="{queue}",'
             f'state="{state}"}} {deadline}'
         )
     return "\n".join(lines) + "\n"
@@ -53,6 +55,54 @@ def test_file_prints_a_table_and_a_toml_block_per_backend(tmp_path, capsys):
 
     assert main(["advise", "--file", str(path), "--min-samples", "50", "--toml"]) == 0
     assert capsys.readouterr().out.startswith("[prefill.deadlines]")
+
+
+def test_decode_queues_get_their_tables_in_the_toml_block(tmp_path, capsys):
+    """Decode deadlines are not per backend: each phase gets the longest suggestion
+    across backends (a comment names which); a phase without enough stays is a comment
+    saying why; the block loads through the adapter's own reader with those values."""
+    from stallguard_sglang._advise import advise_text
+    from stallguard_sglang._config import parse_config
+
+    stays = {
+        ("nixl", "WaitingForInput"): [0.1] * 200,  # the inflight queue: [prefill.deadlines]
+        ("nixl", "WaitingForPrefill", "prealloc"): [2.0] * 200,
+        ("mooncake", "WaitingForPrefill", "prealloc"): [20.0] * 200,  # the longer one
+        ("nixl", "WaitingForInput", "prealloc"): [1.0] * 200,
+        ("nixl", "Bootstrapping", "prealloc"): [1.0] * 10,  # too few: a comment
+        ("nixl", "WaitingForInput", "transfer"): [8.0] * 200,
+        ("mooncake", "Transferring", "transfer"): [0.2] * 100,
+    }
+    text = scrape(stays)
+    path = tmp_path / "metrics.txt"
+    path.write_text(text)
+    assert main(["advise", "--file", str(path), "--min-samples", "50", "--toml"]) == 0
+    block = capsys.readouterr().out
+    assert "== " not in block
+    data = tomllib.loads(block)
+    # what each backend's own table suggests
+    advice = advise_text(text, min_samples=50)
+
+    def suggested(queue, backend, state):
+        return advice[(queue, backend)].states[state].suggested
+
+    longest = suggested("prealloc", "mooncake", "WaitingForPrefill")
+    assert longest > suggested("prealloc", "nixl", "WaitingForPrefill")
+    assert data["decode"]["prealloc"] == {
+        "WaitingForPrefill": longest,
+        "WaitingForInput": suggested("prealloc", "nixl", "WaitingForInput"),
+    }
+    assert data["decode"]["transfer"] == {
+        "WaitingForInput": suggested("transfer", "nixl", "WaitingForInput"),
+        "Transferring": suggested("transfer", "mooncake", "Transferring"),
+    }
+    assert f"WaitingForPrefill = {longest:g}  # mooncake" in block
+    assert "# Bootstrapping: no suggestion (not enough data" in block
+    config = parse_config(data, source="advise --toml")
+    assert config.decode.prealloc["WaitingForPrefill"].seconds == longest
+    assert (
+        config.decode.transfer["Transferring"].seconds == data["decode"]["transfer"]["Transferring"]
+    )
 
 
 def test_baseline_flags_a_growing_tail(tmp_path, capsys):

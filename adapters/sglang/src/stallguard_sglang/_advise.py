@@ -34,6 +34,7 @@ from stallguard.adapters import (
 )
 
 from . import _metrics, _stats_export
+from ._config import DECODE_PHASES
 
 __all__ = [
     "DESCRIPTION",
@@ -171,8 +172,10 @@ def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
     """The suggestions as stallguard-sglang configuration: the backend with the most
     recorded stays (``fake`` only if it is the only one) in ``[prefill.deadlines]``,
     every other in ``[prefill.backends.<name>.deadlines]``, and the bootstrap queue's
-    ``Bootstrapping`` (the longest across backends) as ``[bootstrap_queue] deadline``.
-    States without a suggestion are left out (they keep their configured deadline)."""
+    ``Bootstrapping`` (the longest across backends) as ``[bootstrap_queue] deadline``,
+    and the decode queues' phases in ``[decode.prealloc]`` / ``[decode.transfer]`` (the
+    longest across backends: decode deadlines are not per backend). States without a
+    suggestion are left out (they keep their configured deadline)."""
     inflight = {b: a for (q, b), a in advice.items() if q == "inflight"}
 
     def weight(backend: str) -> tuple[bool, int]:
@@ -197,7 +200,38 @@ def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
         lines.append("[bootstrap_queue]")
         lines.append(f"deadline = {toml_number(max(boot))}")
         lines.append("")
+    for queue, phases in DECODE_PHASES.items():
+        lines += _decode_table(queue, phases, advice)
     return "\n".join(lines)
+
+
+def _decode_table(
+    queue: str, phases: tuple[str, ...], advice: Mapping[tuple[str, str], Advice]
+) -> list[str]:
+    """``[decode.<queue>]``: the decode deadlines are not per backend, so each phase
+    gets the longest suggestion across the backends that have one (a comment names
+    it); a phase no backend has a suggestion for is a comment saying why (it keeps its
+    configured deadline); nothing when the queue has no stays at all."""
+    per_backend = {b: a for (q, b), a in sorted(advice.items()) if q == queue}
+    lines: list[str] = []
+    for phase in phases:
+        found = [
+            (s.suggested, b)
+            for b, a in per_backend.items()
+            if (s := a.states.get(phase)) is not None and s.suggested is not None
+        ]
+        if found:
+            seconds, backend = max(found)
+            lines.append(f"{phase} = {toml_number(seconds)}  # {backend}")
+            continue
+        reasons = sorted(
+            {s.reason for a in per_backend.values() if (s := a.states.get(phase)) is not None}
+        )
+        if reasons:
+            lines.append(f"# {phase}: no suggestion ({'; '.join(str(r) for r in reasons)})")
+    if not lines:
+        return []
+    return [f"[decode.{queue}]  # the longest suggestion across backends", *lines, ""]
 
 
 def _summary(a: Advice) -> str:
