@@ -82,19 +82,27 @@ if SKIP is not None:
 # --------------------------------------------------------------------- expositions
 
 
-def _sglang_expositions(tmp: Path) -> dict[str, Any]:
+#: requests per round of the SGLang prefill and decode pods
+SGLANG_N = 120
+DECODE_N = 100
+
+
+def _sglang_expositions(tmp: Path, role: str = "prefill") -> dict[str, Any]:
+    """A prefill pod's expositions (the inflight queue), or a decode pod's (*role*
+    ``"decode"``: the prealloc and transfer queues), from a fresh process."""
     sys.path.insert(0, str(SGLANG_TESTS))
     import sglang_support as sgs
 
-    metrics_dir = tmp / "sglang-multiproc"
+    metrics_dir = tmp / f"sglang-{role}-multiproc"
     metrics_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLGUARD_SGLANG")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SGLANG_TESTS), env.get("PYTHONPATH")]))
     env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    target, n = ("expositions", SGLANG_N) if role == "prefill" else ("decode_expositions", DECODE_N)
     out: dict[str, Any] = sgs.run_in_python(
         sys.executable,
-        "sglang_metrics_scenarios:expositions",
-        args=(str(metrics_dir), 120),
+        f"sglang_metrics_scenarios:{target}",
+        args=(str(metrics_dir), n),
         timeout=1200,
         env=env,
     )
@@ -220,12 +228,19 @@ def _serve(targets: Targets) -> ThreadingHTTPServer:
     return server
 
 
+#: the targets of each job: (path prefix, role label) per pod
+JOBS = {"sglang": (("sglang", "prefill"), ("sglang-decode", "decode")), "vllm": (("vllm", ""),)}
+
+
 def _config(port: int) -> str:
     jobs = []
-    for job in ("sglang", "vllm"):
+    for job, kinds in JOBS.items():
         targets = "\n".join(
             f"      - targets: ['127.0.0.1:{port}']\n"
-            f"        labels: {{__metrics_path__: '/{job}-{pod}/metrics', pod: '{pod}'}}"
+            f"        labels: {{__metrics_path__: '/{name}-{pod}/metrics', pod: '{pod}'"
+            + (f", role: '{role}'" if role else "")
+            + "}"
+            for name, role in kinds
             for pod in ("a", "b")
         )
         jobs.append(f"  - job_name: {job}\n    static_configs:\n{targets}")
@@ -266,10 +281,12 @@ class Prom:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("prom")
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         sglang_future = pool.submit(_sglang_expositions, tmp)
+        decode_future = pool.submit(_sglang_expositions, tmp, "decode")
         vllm_future = pool.submit(_vllm_expositions, tmp)
-        sglang, vllm = sglang_future.result(), vllm_future.result()
+        sglang, decode = sglang_future.result(), decode_future.result()
+        vllm = vllm_future.result()
     targets = Targets()
     server = _serve(targets)
     port = _free_port()
@@ -297,7 +314,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         prom.poll("Prometheus ready", ready, timeout=120)
         version = prom.get("/api/v1/status/buildinfo")["version"]
         start = time.time()
-        rounds = {"sglang": sglang["texts"], "vllm": vllm["texts"]}
+        rounds = {
+            "sglang": sglang["texts"],
+            "sglang-decode": decode["texts"],
+            "vllm": vllm["texts"],
+        }
         # round 1 on both pods, then round 2, then pod a restarts (round 1 again)
         for step in (
             {f"{e}-{p}": rounds[e][0] for e in rounds for p in "ab"},
@@ -311,6 +332,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "version": version,
             "start": start,
             "sglang": sglang,
+            "sglang-decode": decode,
             "vllm": vllm,
             "targets": targets,
             "log": tmp / "prometheus.log",
@@ -482,33 +504,49 @@ def _check_values(prom: Prom) -> None:
         out = {}
         for r in prom.query(expr):
             m = r["metric"]
-            out[(m.get("job", ""), m.get("state", m.get("peer", "")))] = float(r["value"][1])
+            key = (m.get("job", ""), m.get("queue", ""), m.get("state", m.get("peer", "")))
+            out[key] = float(r["value"][1])
         return out
 
     deadlines = value("stallguard:deadline_seconds:max")
-    assert deadlines[("sglang", "WaitingForInput")] == 10.0
-    assert deadlines[("sglang", "Transferring")] == 60.0
-    assert ("sglang", "Bootstrapping") not in deadlines  # "none": no series, not 0
-    assert deadlines[("vllm", "Receiving")] == 10.0
-    assert deadlines[("vllm", "HeldForRead")] == 20.0
+    assert deadlines[("sglang", "inflight", "WaitingForInput")] == 10.0
+    assert deadlines[("sglang", "inflight", "Transferring")] == 60.0
+    assert ("sglang", "inflight", "Bootstrapping") not in deadlines  # "none": no series
+    # the decode pod's queues, as configured there
+    for (queue, state), seconds in {
+        ("prealloc", "Bootstrapping"): 20.0,
+        ("prealloc", "WaitingForPrefill"): 8.0,
+        ("prealloc", "WaitingForInput"): 30.0,
+        ("transfer", "WaitingForInput"): 10.0,
+        ("transfer", "Transferring"): 5.0,
+    }.items():
+        assert deadlines[("sglang", queue, state)] == seconds, (queue, state, deadlines)
+    assert deadlines[("vllm", "", "Receiving")] == 10.0
+    assert deadlines[("vllm", "", "HeldForRead")] == 20.0
     # forced failures now: pod a restarted (round 1: one per kind), pod b round 2 (two)
     forced = prom.query(
-        "sum by (job, state, reason) "
+        "sum by (job, queue, state, reason) "
         '({__name__=~"(sglang|vllm)[:_]stallguard_forced_failures_total"})'
     )
     got = {
-        (r["metric"]["job"], r["metric"]["state"], r["metric"]["reason"]): float(r["value"][1])
+        (
+            r["metric"]["job"],
+            r["metric"].get("queue", ""),
+            r["metric"]["state"],
+            r["metric"]["reason"],
+        ): float(r["value"][1])
         for r in forced
     }
     assert got == {
-        ("sglang", "WaitingForInput", "state"): 3.0,
-        ("sglang", "Transferring", "stall"): 3.0,
-        ("vllm", "Receiving", "state"): 3.0,
-        ("vllm", "HeldForRead", "state"): 3.0,
+        ("sglang", "inflight", "WaitingForInput", "state"): 3.0,
+        ("sglang", "inflight", "Transferring", "stall"): 3.0,
+        ("sglang", "prealloc", "WaitingForPrefill", "state"): 3.0,  # the decode pod's
+        ("vllm", "", "Receiving", "state"): 3.0,
+        ("vllm", "", "HeldForRead", "state"): 3.0,
     }
     overdue = value("stallguard:quarantine_overdue:sum")
     # SGLang: 0 holds overdue in round 1 (pod a now), 1 in round 2 (pod b); vLLM: 1, 2
-    assert overdue == {("sglang", "decode-peer-0"): 1.0, ("vllm", "P"): 3.0}
+    assert overdue == {("sglang", "", "decode-peer-0"): 1.0, ("vllm", "", "P"): 3.0}
 
 
 def test_alerts_fire(world: dict[str, Any]) -> None:
@@ -550,7 +588,8 @@ def _expected_stays(texts: list[str], histogram: str, where: dict[str, str]) -> 
 def test_advise_from_prometheus_history_covers_every_guarded_phase(world: dict[str, Any]) -> None:
     """Two pods, one restart, both spellings: every stay is counted once (the counts
     equal the expositions'), and every phase with traffic gets a deadline."""
-    from stallguard_sglang._advise import PROMETHEUS_NAMES, advise_text, read_source
+    from stallguard_sglang._advise import PROMETHEUS_NAMES, advise_text, read_source, toml_block
+    from stallguard_sglang._config import DECODE_PHASES
     from stallguard_vllm import advise as vllm_advise
 
     from stallguard._promapi import exposition_from_prometheus
@@ -573,6 +612,30 @@ def test_advise_from_prometheus_history_covers_every_guarded_phase(world: dict[s
     # forced failures grew by 2 on pod b; on pod a by 2, then 1 after its restart
     assert inflight.states["WaitingForInput"].fired == 5
 
+    # the decode pods: every phase of both decode queues
+    for queue in ("prealloc", "transfer"):
+        decode = advice[(queue, "nixl")]
+        expected = _expected_stays(
+            world["sglang-decode"]["texts"],
+            "sglang:stallguard_state_seconds",
+            {"queue": queue, "backend": "nixl"},
+        )
+        assert {s: a.count for s, a in decode.states.items() if a.count} == expected
+        for state in DECODE_PHASES[queue]:
+            assert decode.states[state].suggested is not None, (queue, decode.table())
+    assert advice[("prealloc", "nixl")].states["WaitingForPrefill"].fired == 5
+    # ... and the TOML block sets them, as the adapter's own reader loads it
+    block = toml_block(advice)
+    import tomllib
+    from stallguard_sglang._config import parse_config
+
+    config = parse_config(tomllib.loads(block), source="advise's TOML block")
+    for queue in ("prealloc", "transfer"):
+        got = getattr(config.decode, queue)
+        for state in DECODE_PHASES[queue]:
+            suggested = advice[(queue, "nixl")].states[state].suggested
+            assert got[state].seconds == suggested, (queue, state, block)
+
     vtext = exposition_from_prometheus(
         prom.url, vllm_advise.PROMETHEUS_NAMES, window=window, step=SCRAPE_S, end=time.time()
     )
@@ -584,6 +647,36 @@ def test_advise_from_prometheus_history_covers_every_guarded_phase(world: dict[s
     for phase in ("Queued", "Receiving", "AbortedHeld", "HeldForRead"):
         assert vadvice.states[phase].suggested is not None, vadvice.table()
     assert PROMETHEUS_NAMES  # (the names advise asks the server for)
+
+
+def test_decode_pod_exports_every_stay(world: dict[str, Any]) -> None:
+    """The decode pod's expositions hold every stay of every request, each round's
+    last ones included (exported by the idle passes after the traffic), and SGLang's
+    queues concluded every request: the healthy ones committed, the one whose prefill
+    never answered failed by its WaitingForPrefill deadline (aborted to its client)."""
+    import stallguard
+
+    decode = world["sglang-decode"]
+    n = DECODE_N
+    for i, (text, outcome) in enumerate(zip(decode["texts"], decode["rounds"], strict=True)):
+        assert outcome["done"] == sorted(f"round{i}-d{k}" for k in range(n)), outcome
+        assert outcome["aborted"] == [f"round{i}-stuck-prefill"] and not outcome["left"]
+        rounds = i + 1  # the expositions are cumulative
+        want = {
+            "prealloc": {
+                "Bootstrapping": (n + 1) * rounds,
+                "WaitingForPrefill": (n + 1) * rounds,
+                "WaitingForInput": n * rounds,
+            },
+            "transfer": {"WaitingForInput": n * rounds, "Transferring": n * rounds},
+        }
+        for queue, counts in want.items():
+            stats = stallguard.statistics_from_prometheus(
+                text,
+                histogram="sglang:stallguard_state_seconds",
+                where={"queue": queue, "backend": "nixl"},
+            )
+            assert {s: st.count for s, st in stats.states.items()} == counts, (i, queue)
 
 
 def test_advise_cli_from_prometheus(

@@ -112,3 +112,149 @@ def expositions(metrics_dir: str, n: int) -> dict[str, Any]:
             out["texts"].append(read_source(multiproc_dir=metrics_dir))
     sgs.teardown_context()
     return out
+
+
+# --------------------------------------------------------------------------- decode
+
+#: The decode server's labels (a decode pod: SGLang's scheduler labels, engine_type)
+DECODE_LABELS = {**LABELS, "engine_type": "decode"}
+DECODE_CONFIG = {
+    "prefill": {"mode": "off"},
+    "bootstrap_queue": {"mode": "off"},
+    "decode": {
+        "mode": "enforce",
+        "prealloc": {"Bootstrapping": 20, "WaitingForPrefill": 8, "WaitingForInput": 30},
+        "transfer": {"WaitingForInput": 10, "Transferring": 5},
+    },
+}
+#: Decode memory: how many requests fit at once (the others wait in the prealloc queue)
+DECODE_SLOTS = 4
+BOOTSTRAPPING, SUCCESS_ = 1, 4
+
+
+def _decode_round(side: Any, clock: Any, n: int, tag: str, seed: int) -> dict[str, Any]:
+    """One round of decode traffic through the REAL decode queues: each request is
+    created ``Bootstrapping`` (the prefill rank not resolved yet), then ``init()``
+    resolves it (``WaitingForPrefill``), the prefill's forward pass ends
+    (``WaitingForInput``: waiting for decode memory, of which :data:`DECODE_SLOTS`
+    requests' worth exists), SGLang's ``pop_preallocated`` admits it (metadata sent:
+    transfer ``WaitingForInput``), its KV lands (``Success``; the metadata row arrives a
+    little later: ``Transferring`` behind SGLang's metadata gate), ``pop_transferred``
+    commits it and it decodes (its memory freed). One request whose prefill never
+    answers stays ``WaitingForPrefill`` and is failed by that deadline."""
+    import time as _time
+
+    import sglang_decode_support as ds
+    from sglang.srt.disaggregation import decode as decode_mod
+    from sglang.srt.disaggregation.nixl.conn import NixlKVReceiver
+
+    rng = random.Random(seed)
+    mgr = side.mgr
+    node_addr = f"{ds.HOST}:1"
+    events: list[tuple[float, int, str, Any]] = []  # (time, order, what, dreq)
+    start = clock()
+    order = iter(range(10**9))
+    for i in range(n + 1):
+        rid = f"{tag}-d{i}" if i < n else f"{tag}-stuck-prefill"
+        at = start + i * STEP / 2
+        events.append((at, next(order), "arrive", rid))
+    events.sort(key=lambda e: (e[0], e[1]))
+    live: dict[str, Any] = {}
+    ends = start + (n + 1) * STEP / 2 + 30
+    while clock() < ends and (events or live):
+        now = clock()
+        while events and events[0][0] <= now:
+            _, _, what, arg = events.pop(0)
+            if what == "arrive":
+                room = ds.next_room()
+                receiver = NixlKVReceiver(mgr, node_addr, room)
+                # stand-in for the metadata message to the prefill (no prefill here): what
+                # send_metadata leaves on the receiver when the message went out
+                receiver.send_metadata = lambda *a, r=receiver, **k: setattr(
+                    r, "init_time", _time.time()
+                )
+                mgr.update_status(room, BOOTSTRAPPING)
+                dreq = decode_mod.DecodeRequest(
+                    req=ds.make_request(arg, room, side.port), kv_receiver=receiver
+                )
+                side.prealloc.queue.append(dreq)
+                live[arg] = dreq
+                t = now + rng.uniform(0.01, 0.3)
+                events.append((t, next(order), "init", dreq))
+            elif what == "init":  # init(): the bootstrap server named the prefill rank
+                arg.kv_receiver.bootstrap_infos = [
+                    {"rank_ip": ds.HOST, "rank_port": 1, "is_dummy": False}
+                ]
+                mgr.update_status(arg.kv_receiver.bootstrap_room, BOOTSTRAPPING)
+                if not arg.req.rid.endswith("stuck-prefill"):
+                    events.append((now + rng.uniform(0.1, 1.0), next(order), "prefilled", arg))
+            elif what == "prefilled":  # the prefill's forward pass is done
+                arg.waiting_for_input = True
+                mgr.update_status(arg.kv_receiver.bootstrap_room, WFI)
+            elif what == "landed":  # the KV is in; its metadata row follows shortly
+                mgr.update_status(arg.kv_receiver.bootstrap_room, SUCCESS_)
+                events.append((now + rng.uniform(0.05, 0.3), next(order), "row", arg))
+            elif what == "row":
+                side.metadata.bootstrap_room[arg.metadata_buffer_index, 0] = arg.req.bootstrap_room
+            events.sort(key=lambda e: (e[0], e[1]))
+        before = set(side.rids("transfer"))
+        side.step()
+        for dreq in side.transfer.queue:  # admitted in this pass: its KV is on its way
+            if dreq.req.rid not in before:
+                events.append((clock() + rng.uniform(0.2, 1.5), next(order), "landed", dreq))
+        events.sort(key=lambda e: (e[0], e[1]))
+        queued = set(side.rids("prealloc")) | set(side.rids("transfer"))
+        for rid in [r for r in live if r not in queued]:
+            del live[rid]
+        clock.advance(STEP)
+    for _ in range(3):  # idle passes: the last stays are exported
+        clock.advance(1.0)
+        side.step()
+    aborted = side.aborted()
+    return {
+        "done": sorted(r for r in side.done if r.startswith(tag)),
+        "aborted": sorted(r for r in aborted if r.startswith(tag)),
+        "left": sorted(live),
+    }
+
+
+def decode_expositions(metrics_dir: str, n: int) -> dict[str, Any]:
+    """A decode pod: two rounds of traffic through SGLang's real decode queues; the
+    multiprocess directory's exposition after each. Real: ``DecodePreallocQueue``
+    (admission, failure path) and ``DecodeTransferQueue`` (metadata gate, commit) of
+    SGLang 0.5.23, real ``NixlKVReceiver`` objects over a ``NixlKVManager``'s status
+    plumbing (sglang_decode_support.OfflineNode: no NIXL agent, ZMQ or prefill), the
+    poll all-reduce over a one-rank gloo group; stand-ins: the decode memory pools
+    (``HostPools``) and the metadata message to the prefill (there is none)."""
+    import logging
+
+    import sglang_decode_support as ds
+    import sglang_support as sgs
+    from stallguard_sglang._advise import read_source
+    from stallguard_sglang.testing import installed
+
+    from stallguard.testing import FakeClock
+
+    sgs.setup_context(0, 1, disaggregation_mode="decode")
+    # SGLang logs an error line per failed request; the stuck one is expected
+    logging.getLogger("sglang.srt.disaggregation.decode").setLevel(logging.CRITICAL)
+    clock = FakeClock(T0)
+    out: dict[str, Any] = {
+        "labels": DECODE_LABELS,
+        "config": DECODE_CONFIG,
+        "rounds": [],
+        "texts": [],
+    }
+    with installed(DECODE_CONFIG, clock=clock):
+        node = ds.OfflineNode(aux_rows=2 * n + 64)
+        mgr = node.mgr
+        mgr.kv_args = node.kv.kv_args()  # (read by pop_preallocated: the state types)
+        mgr.waiting_timeout = 1e9  # SGLang's own WAITING_TIMEOUT (wall clock): never
+        side = ds.DecodeSide(node, free_slots=DECODE_SLOTS, deferred_release=False)
+        side.sched.metrics_collector = SimpleNamespace(labels=dict(DECODE_LABELS))
+        for i in range(2):
+            out["rounds"].append(_decode_round(side, clock, n, f"round{i}", seed=17 + i))
+            out["texts"].append(read_source(multiproc_dir=metrics_dir))
+        side.close()
+    sgs.teardown_context()
+    return out
