@@ -14,8 +14,8 @@ ENGINES = ("nixl", "mooncake")
 
 #: scenario name -> what it does to decode A (decode B always stays healthy).
 SCENARIOS = {
-    "freeze": "decode frozen mid-transfer (SIGSTOP the moment prefill has queued the KV "
-    "write of a room to it; SIGCONT at the end of the fault window)",
+    "freeze": "decode frozen mid-transfer (SIGSTOP, every thread stopped, then prefill "
+    "queues the KV write of a room to it; SIGCONT at the end of the fault window)",
     "kill": "decode killed during bootstrap (SIGKILL after receiver.init, before it sent "
     "its destination; the router keeps sending it requests for the fault window)",
     "mute": "a decode that never answers the bootstrap (alive, accepts requests, never "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import signal
 import time
 from collections import deque
 from multiprocessing.connection import Connection
@@ -39,7 +38,7 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.plugins import load_plugins
 
-from . import _kv, _rpc
+from . import _kv, _procs, _rpc
 
 STATE_NAMES = {
     KVPoll.Failed: "Failed",
@@ -161,8 +160,8 @@ class MiniPrefillScheduler(SchedulerDisaggregationPrefillMixin):
         self.token_to_kv_pool_allocator = SimpleNamespace(page_size=1)
         self.streamed: list[tuple[float, Req]] = []
         self.output_streamer = SimpleNamespace(stream_output=self._stream_output)
-        # Fault injection (harness): (decode name, pid) to SIGSTOP right after this process
-        # hands the next room for that decode to its transfer engine.
+        # Fault injection (harness): (decode name, pid) to SIGSTOP right before this
+        # process hands the next room for that decode to its transfer engine.
         self.freeze_after_send: tuple[str, int] | None = None
 
         # SGLang's real bootstrap queue; its __init__ wants a model runner, so the
@@ -192,12 +191,16 @@ class MiniPrefillScheduler(SchedulerDisaggregationPrefillMixin):
         the pages are the request's own run; the send itself is the real sender's."""
         assert last_chunk, "the demo's requests are a single chunk"
         self.pool.aux[req.metadata_buffer_index] = _kv.HostPool.pattern(req.bootstrap_room, 255)
-        req.disagg_kv_sender.send(req.kv_pages)
         if self.freeze_after_send is not None and self.freeze_after_send[0] == req.dest:
-            # Decode frozen mid-transfer: it has published its destination, this side has
-            # just queued the write, and the peer stops making progress now.
-            os.kill(self.freeze_after_send[1], signal.SIGSTOP)
+            # Decode frozen mid-transfer: it has published its destination (the room is
+            # bootstrapped), every thread of it is stopped, and then this side queues the
+            # write, which can no longer complete. (Stopping it right *after* queueing the
+            # write raced with the transfer thread: at CI on 2026-12-02 a small write
+            # finished before the SIGSTOP took effect in 2 runs of 4, and no room stayed
+            # in Transferring / WaitingForInput.)
+            _procs.stop_and_wait(self.freeze_after_send[1])
             self.freeze_after_send = None
+        req.disagg_kv_sender.send(req.kv_pages)
 
     def forward(self) -> None:
         """One scheduler iteration up to the inflight queue, with SGLang's own queue logic."""

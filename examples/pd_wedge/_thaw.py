@@ -125,27 +125,6 @@ def run_prefill(conn: Connection, spec: dict) -> None:
 # --------------------------------------------------------------------------- decode
 
 
-def _thread_states(pid: int) -> list[str]:
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                out.append(f.read().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            pass
-    return out
-
-
-def _stop(pid: int, timeout: float = 10.0) -> None:
-    """SIGSTOP *pid* and wait until every thread of it is stopped."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while not all(s in "Tt" for s in _thread_states(pid)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"prefill {pid} did not stop within {timeout} s")
-        time.sleep(0.001)
-
-
 def run_decode(conn: Connection, spec: dict) -> None:
     """A thaw decode server: SGLang's real decode queues, stepped every
     ``loop_interval``; a round is a small state machine advanced between the steps."""
@@ -206,7 +185,7 @@ def run_decode(conn: Connection, spec: dict) -> None:
 
     def freeze() -> None:
         """SIGSTOP the prefill now (the victim's first bytes have landed)."""
-        _stop(r["pid"])
+        _procs.stop_and_wait(r["pid"])
         r["t_frozen"] = time.monotonic()
         r["landed"] = room_bytes(r["room"], r["pages"])
         if r["landed"] >= WRITE_BYTES or r["rid"] in side.done:
