@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -17,27 +18,40 @@ from examples.real_servers import _main as rig
 
 @dataclass
 class FakeDecode:
-    """Stands in for a decode's process group (``_servers.Proc``): records the signals
-    the placement sends it instead of stopping a process."""
+    """Stands in for a server's process group (``_servers.Proc``): records the signals
+    the placement sends it instead of stopping a process (in *log*, shared by every
+    fake of one run, when given)."""
 
     pgid: int = 4242
     signals: list[str] = field(default_factory=list)
+    name: str = "decode"
+    log: list[str] | None = None
 
     def freeze(self) -> None:
         self.signals.append("STOP")
+        if self.log is not None:
+            self.log.append(f"STOP {self.name}")
 
     def thaw(self) -> None:
         self.signals.append("CONT")
+        if self.log is not None:
+            self.log.append(f"CONT {self.name}")
 
 
 def _arrive_all(
-    sync: rig.Sync, arms: dict[str, tuple[float, list[int]]], decode: FakeDecode
+    sync: rig.Sync,
+    arms: dict[str, tuple[float, list[int]]],
+    decode: FakeDecode,
+    prefills: dict[str, FakeDecode] | None = None,
+    stagger: float = 0.0,
 ) -> dict[str, bool]:
-    """Every arm arrives at once from its own thread; *arms*: name -> (lead, counts),
-    counts being what its progress reads on each call (the last value repeats)."""
+    """Every arm arrives from its own thread (the n-th one *stagger* s after the first);
+    *arms*: name -> (lead, counts), counts being what its progress reads on each call
+    (the last value repeats); *prefills*: the arms' prefills, which the placement may
+    hold."""
     placed: dict[str, bool] = {}
 
-    def one(name: str, lead: float, counts: list[int]) -> None:
+    def one(i: int, name: str, lead: float, counts: list[int]) -> None:
         reads = iter(counts)
         last = [counts[0]]
 
@@ -45,9 +59,13 @@ def _arrive_all(
             last[0] = next(reads, last[0])
             return last[0]
 
-        placed[name] = sync.arrive(name, lead, progress, decode)  # type: ignore[arg-type]
+        time.sleep(i * stagger)
+        prefill = (prefills or {}).get(name)
+        placed[name] = sync.arrive(name, lead, progress, decode, prefill)  # type: ignore[arg-type]
 
-    threads = [threading.Thread(target=one, args=(n, *v)) for n, v in arms.items()]
+    threads = [
+        threading.Thread(target=one, args=(i, n, *v)) for i, (n, v) in enumerate(arms.items())
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -100,6 +118,80 @@ def test_placed_exactly_when_every_arm_is_between_its_first_and_last_chunk(
     expected = all(1 <= c < chunks for c in counts.values())
     assert set(placed.values()) == {expected}
     assert decode.signals == (["STOP"] if expected else [])
+
+
+def test_the_arm_that_arrives_first_is_held_until_the_decode_is_frozen() -> None:
+    """The faster arm's prefill is SIGSTOPped as it arrives and SIGCONTed only after the
+    decode's freeze: its last chunk cannot overtake the slower arm's first."""
+    log: list[str] = []
+    decode = FakeDecode(log=log)
+    prefills = {n: FakeDecode(name=n, log=log) for n in ("without", "with")}
+    sync = rig.Sync(2, chunks=4, freeze_at=1)
+    placed = _arrive_all(
+        sync, {"without": (0.3, [1]), "with": (1.1, [1])}, decode, prefills, stagger=0.2
+    )
+    assert placed == {"without": True, "with": True}
+    assert log == ["STOP without", "STOP decode", "CONT without"]
+    assert sync.placement["held_s"]["without"] >= 0.15
+    assert "with" not in sync.placement["held_s"]  # the last to arrive is never held
+
+
+def test_a_held_prefill_is_resumed_when_the_attempt_is_not_placed() -> None:
+    log: list[str] = []
+    prefills = {n: FakeDecode(name=n, log=log) for n in ("a", "b")}
+    sync = rig.Sync(2, chunks=3, freeze_at=1)
+    # "b" arrives already past its last chunk: no freeze, "a" resumed all the same
+    placed = _arrive_all(
+        sync, {"a": (0.1, [1]), "b": (0.2, [3])}, FakeDecode(log=log), prefills, stagger=0.1
+    )
+    assert placed == {"a": False, "b": False}
+    assert log == ["STOP a", "CONT a"]
+
+
+def test_a_held_prefill_is_resumed_when_another_arm_gives_up() -> None:
+    log: list[str] = []
+    prefill = FakeDecode(name="a", log=log)
+    sync = rig.Sync(2, chunks=3, freeze_at=1)
+    got: list[BaseException] = []
+
+    def arrive() -> None:
+        try:
+            sync.arrive("a", 0.1, lambda: 1, FakeDecode(log=log), prefill)  # type: ignore[arg-type]
+        except threading.BrokenBarrierError as e:
+            got.append(e)
+
+    t = threading.Thread(target=arrive)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not sync.held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sync.give_up()  # the other arm failed before it reached its first chunk
+    t.join(timeout=10)
+    assert got and log == ["STOP a", "CONT a"]
+    assert not sync.held
+
+
+@given(
+    counts=st.dictionaries(
+        st.sampled_from(["a", "b", "c"]), st.integers(0, 6), min_size=1, max_size=3
+    ),
+    chunks=st.integers(2, 5),
+)
+def test_every_hold_is_released_exactly_once_and_after_any_freeze(
+    counts: dict[str, int], chunks: int
+) -> None:
+    log: list[str] = []
+    prefills = {n: FakeDecode(name=n, log=log) for n in counts}
+    sync = rig.Sync(len(counts), chunks=chunks, freeze_at=1)
+    _arrive_all(sync, {n: (1.0, [c]) for n, c in counts.items()}, FakeDecode(log=log), prefills)
+    for name in counts:
+        stops, conts = log.count(f"STOP {name}"), log.count(f"CONT {name}")
+        assert stops == conts <= 1
+        if stops and "STOP decode" in log:
+            assert log.index("STOP decode") < log.index(f"CONT {name}")
+    # only an arm with chunks still to go that was not the last to arrive is held
+    assert all(counts[n] < chunks for n in counts if f"STOP {n}" in log)
+    assert not sync.held
 
 
 def _row(t: float, inflight: float, forced: float = 0.0, sg: float = 0.0) -> dict[str, float]:

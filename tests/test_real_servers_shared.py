@@ -6,14 +6,16 @@ One launch, shared by the module: two prefills and one decode started with
 ``sglang-router`` 0.3.2 in PD mode, each pairing one prefill with the shared decode. The
 arms differ in one thing: the "with" prefill's environment has ``STALLGUARD_SGLANG_CONFIG``
 (stallguard-sglang loaded through SGLang's plugin entry point, as users enable it); the
-"without" prefill and the decode have none. Both arms' clients send a 1536-token prompt
-(48 MB of KV, prefilled in 3 chunks of 512) at once, and the decode's process group is
+"without" prefill and the decode have none. Both arms' clients send a 2048-token prompt
+(64 MB of KV, prefilled in 4 chunks of 512) at once, and the decode's process group is
 SIGSTOPped once, for both arms, at a placement checked to be certain: every arm's
 prefill has logged its first chunk (the request is bootstrapped with the decode) and
 none has logged its last (its last chunk's KV is sent after the freeze). So each arm's
 request enters its prefill's inflight queue with KV to send to a frozen decode
-(examples/real_servers/_main.py, ``Sync``; an attempt whose placement failed is not
-frozen and is retried, the faster arm's send delayed by its lead).
+(examples/real_servers/_main.py, ``Sync``: the arm whose prefill logs its first chunk
+first is held, its prefill SIGSTOPped, until the other one has too, and resumed right
+after the decode's freeze; an attempt whose placement failed anyway is not frozen and is
+retried, the faster arm's send delayed by its lead).
 
 * control: without stallguard, the prefill's own ``sglang:num_prefill_inflight_queue_reqs``
   (which SGLang sets right after the request joins the queue and republishes only when
@@ -93,7 +95,7 @@ pytestmark = [
 DEADLINE = 10.0
 #: slack on the failure's time: the watchdog's tick in a busy scheduler loop
 SLACK = max(5.0, DEADLINE / 2)
-PROMPT = 1536
+PROMPT = 2048
 CHUNKS = math.ceil(PROMPT / rig.CHUNK)
 
 

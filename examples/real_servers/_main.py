@@ -105,11 +105,14 @@ OLDEST_AGE = "sglang:stallguard_oldest_age_seconds"
 
 PROMPT_TOKENS = 2048
 CHUNK = 512
-FREEZE_AT_CHUNK = 2
+FREEZE_AT_CHUNK = 1
 #: attempts at placing the fault before a run gives up (see :class:`Sync`)
 ATTEMPTS = 3
-#: seconds after the freeze at which the placement is checked again
-RECHECK_S = 1.0
+#: seconds after the freeze at which the placement is checked again: a last chunk logged
+#: by then may have been posted before the freeze (SGLang posts a chunk's KV a few ms
+#: before it logs the chunk); a 512-token chunk takes ~0.4 s on an idle machine, so with
+#: 4 chunks and the freeze at the first, 3 chunks (~1.2 s and more) are still to come
+RECHECK_S = 0.5
 
 
 def prompt(n: int, seed: int) -> list[int]:
@@ -240,6 +243,17 @@ class Sync:
     two prefills sharing two cores: their pace differs), the attempt is not frozen: the
     requests complete, and the next attempt delays the faster arm's send by its
     measured lead.
+
+    An arm that arrives before the others is *held*: its prefill's process group is
+    SIGSTOPped at once (it has logged *freeze_at* chunks, so it is bootstrapped; a held
+    prefill makes no progress towards its last chunk) and SIGCONTed right after the
+    decode's freeze, or when the attempt is given up. On an idle machine a 512-token
+    chunk takes about 0.4 s and the arms' leads differ by as much, so without the hold
+    the faster arm often logged its last chunk while the slower one was still before its
+    first, in every attempt (CI, 2026-12-02: 3 attempts out of 3); the hold makes the
+    placement independent of the arms' relative pace. Holding a prefill for a moment
+    before its request reaches the inflight queue changes nothing the run measures (the
+    request's time in the inflight queue starts after its last chunk).
     """
 
     def __init__(self, parties: int, chunks: int = 0, freeze_at: int = 1) -> None:
@@ -248,6 +262,8 @@ class Sync:
         self.lock = threading.Lock()
         self.ends: dict[str, float] = {}
         self.arrivals: dict[str, tuple[float, Callable[[], int], Proc]] = {}
+        #: prefills held (SIGSTOPped) until the others arrive: arm -> (process, since)
+        self.held: dict[str, tuple[Proc, float]] = {}
         self.placed = False
         self.placement: dict[str, Any] = {}
         self.t0 = 0.0
@@ -264,14 +280,38 @@ class Sync:
         except threading.BrokenBarrierError:
             return False
 
-    def arrive(self, arm: str, lead: float, progress: Callable[[], int], decode: Proc) -> bool:
+    def arrive(
+        self,
+        arm: str,
+        lead: float,
+        progress: Callable[[], int],
+        decode: Proc,
+        prefill: Proc | None = None,
+    ) -> bool:
         """*arm* logged ``freeze_at`` chunks *lead* s after its send; *progress* counts
-        its chunks logged so far. Returns whether the fault was placed (the decode is
-        frozen); raises BrokenBarrierError if an arm gave up."""
+        its chunks logged so far; *prefill*, if given, is held while the other arms have
+        not arrived yet. Returns whether the fault was placed (the decode is frozen);
+        raises BrokenBarrierError if an arm gave up."""
         with self.lock:
             self.arrivals[arm] = (lead, progress, decode)
-        self.decision.wait(timeout=900)
+            waiting = len(self.arrivals) < self.decision.parties
+            if prefill is not None and waiting and progress() < self.chunks:
+                prefill.freeze()
+                self.held[arm] = (prefill, time.monotonic())
+        try:
+            self.decision.wait(timeout=900)
+        finally:
+            self._release_held()  # the barrier broke: nothing stays stopped
         return self.placed
+
+    def _release_held(self) -> dict[str, float]:
+        """SIGCONT every held prefill; returns how long each was held (s)."""
+        with self.lock:
+            held, self.held = self.held, {}
+        now = time.monotonic()
+        for proc, _ in held.values():
+            proc.thaw()
+        return {a: round(now - since, 2) for a, (_, since) in held.items()}
 
     def _decide(self) -> None:
         counts = {a: p() for a, (_, p, _) in self.arrivals.items()}
@@ -282,6 +322,8 @@ class Sync:
             for d in decodes.values():
                 d.freeze()
             self.t0 = time.monotonic()
+        held = self._release_held()  # after the freeze: the held arm's rest goes to it
+        if ok:
             # SGLang posts a last chunk's KV a few ms before it logs that chunk: a last
             # chunk logged within a second after the freeze may have been posted before
             # it (a chunk's forward pass takes seconds; the post-to-log gap is ms)
@@ -292,7 +334,12 @@ class Sync:
                     d.thaw()
                 ok = False
         leads = {a: round(lead, 2) for a, (lead, _, _) in self.arrivals.items()}
-        self.placement = {"chunks": counts, "chunks_after_freeze": after, "leads_s": leads}
+        self.placement = {
+            "chunks": counts,
+            "chunks_after_freeze": after,
+            "leads_s": leads,
+            "held_s": held,
+        }
         self.placed = ok
         if not ok:
             slowest = max(leads.values())
@@ -302,6 +349,7 @@ class Sync:
     def give_up(self) -> None:
         self.barrier.abort()
         self.decision.abort()
+        self._release_held()
 
     def end(self, arm: str, at: float = 0.0) -> float:
         """Record *arm*'s wanted end of the window; returns the end of the window."""
@@ -379,7 +427,8 @@ def _run_fault(
                 raise RuntimeError(f"the prefill never reached chunk {freeze_at_chunk}: {result}")
             time.sleep(0.02)
         lead = time.monotonic() - t_sent
-        placed = sync.arrive(arm.name, lead, functools.partial(chunks_since, arm, before), decode)
+        progress = functools.partial(chunks_since, arm, before)
+        placed = sync.arrive(arm.name, lead, progress, decode, s.procs["prefill"])
         attempts.append({"attempt": attempt, "placed": placed, **sync.placement})
         if placed:
             break
