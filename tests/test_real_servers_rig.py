@@ -239,3 +239,15 @@ def test_the_cli_refuses_bad_options_naming_them(
         rig.main(argv)
     assert exit_.value.code == 2
     assert named in capsys.readouterr().err
+
+
+def test_a_final_scrape_is_retried_until_it_reads_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy prefill's /metrics can time out (NaN row): the scrapes the assertions read
+    are retried until one reads the page, within a limit."""
+    nan = math.nan
+    rows = iter([_row(1.0, nan), _row(2.0, nan), _row(3.0, 0, forced=1)])
+    monkeypatch.setattr(rig, "scrape", lambda arm, t0: next(rows))
+    monkeypatch.setattr(rig.time, "sleep", lambda s: None)
+    assert rig.scrape_read(None, 0.0) == _row(3.0, 0, forced=1)  # type: ignore[arg-type]
+    monkeypatch.setattr(rig, "scrape", lambda arm, t0: _row(4.0, nan))
+    assert math.isnan(rig.scrape_read(None, 0.0, limit=0.0)["inflight"])  # type: ignore[arg-type]

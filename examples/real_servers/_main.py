@@ -467,7 +467,7 @@ def _run_fault(
         sync.end(arm.name, want)
         time.sleep(1.0)
         end = sync.end(arm.name)
-    obs = scrape(arm, t0)
+    obs = scrape_read(arm, t0, limit=30.0)
     obs["client_waiting"] = float(client.is_alive())
     arm.fault["observation"] = obs
     if not sync.wait():
@@ -526,7 +526,19 @@ def after(arm: Arm, t0: float, sizes: tuple[int, ...] = (16, 256)) -> None:
         r["t_end_s"] = round(r.pop("t_end") - t0, 2)
     arm.requests["healthy_after"] = rows
     time.sleep(1.5)
-    arm.fault["final"] = scrape(arm, t0)
+    arm.fault["final"] = scrape_read(arm, t0)
+
+
+def scrape_read(arm: Arm, t0: float, limit: float = 60.0) -> dict[str, float]:
+    """A scrape that read the page: retried for up to *limit* s (a busy server's
+    ``/metrics`` can take longer than a scrape's 3 s; at load 25 one did); the last
+    attempt's row, NaN and all, if none did."""
+    deadline = time.monotonic() + limit
+    row = scrape(arm, t0)
+    while math.isnan(row["inflight"]) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        row = scrape(arm, t0)
+    return row
 
 
 def forced_failure_log(arm: Arm) -> list[str]:
