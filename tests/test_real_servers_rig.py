@@ -251,3 +251,72 @@ def test_a_final_scrape_is_retried_until_it_reads_the_page(monkeypatch: pytest.M
     assert rig.scrape_read(None, 0.0) == _row(3.0, 0, forced=1)  # type: ignore[arg-type]
     monkeypatch.setattr(rig, "scrape", lambda arm, t0: _row(4.0, nan))
     assert math.isnan(rig.scrape_read(None, 0.0, limit=0.0)["inflight"])  # type: ignore[arg-type]
+
+
+def test_the_fault_matrix_s_decode_frozen_uses_the_checked_placement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``decode_frozen`` of the fault matrix (examples/real_servers/_faults.py) freezes
+    both arms' decodes at one placement: the faster arm's prefill held until the slower
+    one logged its first chunk, both decodes stopped, then the held prefill resumed."""
+    from types import SimpleNamespace
+
+    from examples.real_servers import _faults
+
+    log: list[str] = []
+    # chunks each arm's prefill has logged: "with" logs its first chunk 0.3 s later
+    started: dict[str, float] = {}
+
+    def batch_lines(arm: _faults.Arm) -> int:
+        if arm.name not in started:
+            return 0
+        lag = 0.3 if arm.name == "with" else 0.0
+        held = any(s == f"STOP {arm.name}-prefill" for s in log)
+        return 1 if time.monotonic() - started[arm.name] > lag or held else 0
+
+    class FakeClient:
+        def __init__(self, servers: object, n: int, seed: int, timeout: float, t0: float):
+            self.name, self.t0 = servers.name, t0  # type: ignore[attr-defined]
+            self.thread = threading.Thread(target=lambda: None)
+
+        def start(self) -> FakeClient:
+            started[self.name] = time.monotonic()
+            return self
+
+        def waiting(self) -> bool:
+            return True
+
+        def outcome(self) -> dict[str, object]:
+            return {"status": None}
+
+    monkeypatch.setattr(_faults, "batch_lines", batch_lines)
+    monkeypatch.setattr(_faults, "Client", FakeClient)
+    window = _faults.Window(2)
+    arms = [
+        _faults.Arm(
+            name,
+            SimpleNamespace(  # type: ignore[arg-type]
+                name=name,
+                procs={
+                    "decode": FakeDecode(pgid=i, name=f"{name}-decode", log=log),
+                    "prefill": FakeDecode(pgid=10 + i, name=f"{name}-prefill", log=log),
+                },
+            ),
+        )
+        for i, name in enumerate(("without", "with"))
+    ]
+    recs: dict[str, dict[str, object]] = {a.name: {} for a in arms}
+    threads = [
+        threading.Thread(target=_faults._placed_decode_freeze, args=(a, window, recs[a.name]))
+        for a in arms
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert log[0] == "STOP without-prefill"
+    assert sorted(log[1:3]) == ["STOP with-decode", "STOP without-decode"]
+    assert log[3:] == ["CONT without-prefill"]
+    for rec in recs.values():
+        (attempt,) = rec["attempts"]  # type: ignore[misc]
+        assert attempt["placed"] and attempt["held_s"]["without"] >= 0.2

@@ -12,7 +12,9 @@ queues, the failure counters, stallguard's counter), and the clients' outcomes r
 
 ``decode_frozen``
     the decode's process group SIGSTOPped while the prefill sends it a 2048-token
-    prompt's KV (64 MB); the prefill's inflight queue holds it (the seeds' incident).
+    prompt's KV (64 MB), at the placement the suite's test checks (``_main.Sync``: both
+    arms between their first and last chunk); the prefill's inflight queue holds it (the
+    seeds' incident).
 ``prefill_frozen_before_registration``
     the prefill's process group SIGSTOPped, then a request sent: the decode cannot
     register with the prefill's bootstrap server; its prealloc queue holds it.
@@ -215,9 +217,13 @@ class Window:
     """The arms' shared timeline of one fault: one barrier, one end (the latest arm's)."""
 
     def __init__(self, parties: int) -> None:
+        from ._main import Sync
+
         self.barrier = threading.Barrier(parties)
         self.lock = threading.Lock()
         self.ends: dict[str, float] = {}
+        #: the fault's placement for ``decode_frozen`` (the rig's, see ``_main.Sync``)
+        self.sync = Sync(parties, DECODE_FROZEN_CHUNKS, freeze_at=1)
 
     def wait(self) -> None:
         self.barrier.wait(timeout=900)
@@ -278,23 +284,65 @@ def after_fault(arm: Arm, t0: float, clients: list[Client], rec: dict[str, Any])
 # --------------------------------------------------------------------------- the faults
 
 
+def _wait_chunks(arm: Arm, fault: str, before: int, n: int, client: Client) -> float:
+    """Until the prefill logged *n* chunks since *before*; returns the seconds since the
+    client's send."""
+    while batch_lines(arm) - before < n:
+        if time.monotonic() - client.t0 > 300 or not client.waiting():
+            raise RuntimeError(f"{fault}: the prefill never reached chunk {n}: {client.outcome()}")
+        time.sleep(0.02)
+    return time.monotonic() - client.t0
+
+
+def _placed_decode_freeze(arm: Arm, window: Window, rec: dict[str, Any]) -> Client:
+    """The decode frozen at a checked placement, as in the suite's test (``_main.Sync``):
+    both arms' prefills have logged the prompt's first chunk and neither its last, right
+    before and :data:`~._main.RECHECK_S` after the SIGSTOP (the faster arm's prefill held
+    until the other's first chunk). An attempt that fails the check is not frozen: its
+    request completes, and the next one delays the faster arm's send. Returns the
+    client of the placed attempt."""
+    from ._main import ATTEMPTS
+
+    sync, decode, prefill = window.sync, arm.servers.procs["decode"], arm.servers.procs["prefill"]
+    attempts: list[dict[str, Any]] = rec.setdefault("attempts", [])
+    for attempt in range(1, ATTEMPTS + 1):
+        if not sync.wait():
+            raise RuntimeError("decode_frozen: another arm gave up before the send")
+        time.sleep(sync.delay.get(arm.name, 0.0))
+        before = batch_lines(arm)
+        client = Client(arm.servers, 2048, arm.next_seed(), 900, time.monotonic()).start()
+        try:
+            lead = _wait_chunks(arm, "decode_frozen", before, 1, client)
+        except BaseException:
+            sync.give_up()
+            raise
+        progress = lambda before=before: batch_lines(arm) - before  # noqa: E731
+        placed = sync.arrive(arm.name, lead, progress, decode, prefill)  # type: ignore[arg-type]
+        attempts.append({"attempt": attempt, "placed": placed, **sync.placement})
+        if placed:
+            return client
+        assert client.thread is not None
+        client.thread.join(timeout=600)  # not frozen: it completes
+        rec.setdefault("unplaced", []).append(client.outcome())
+    raise RuntimeError(f"decode_frozen: not placed in {ATTEMPTS} attempts: {attempts}")
+
+
 def decode_frozen(arm: Arm, window: Window, deadline: float, killed: bool = False) -> None:
     fault = "decode_killed" if killed else "decode_frozen"
     rec = arm.faults.setdefault(fault, {})
     decode = arm.servers.procs["decode"]
-    before = batch_lines(arm)
-    t_sent = time.monotonic()
-    client = Client(arm.servers, 2048, arm.next_seed(), 900, t_sent).start()
-    while batch_lines(arm) - before < 2:  # the second chunk: the first one's KV posted
-        if time.monotonic() - t_sent > 300 or not client.waiting():
-            raise RuntimeError(f"{fault}: the prefill never reached chunk 2: {client.outcome()}")
-        time.sleep(0.05)
-    window.wait()
     if killed:
+        before = batch_lines(arm)
+        client = Client(arm.servers, 2048, arm.next_seed(), 900, time.monotonic()).start()
+        # the second chunk: the first one's KV posted
+        _wait_chunks(arm, fault, before, 2, client)
+        window.wait()
         decode.signal(9)
+        t0 = time.monotonic()
     else:
-        decode.freeze()
-    t0 = time.monotonic()
+        client = _placed_decode_freeze(arm, window, rec)
+        t0 = window.sync.t0
+    t_sent = client.t0
     client.t0 = t0
     rec["fault_after_send_s"] = round(t0 - t_sent, 2)
     observe(arm, fault, t0, [client], window, deadline, 30, rec, wait_entry=not killed)
@@ -419,6 +467,9 @@ def abort_storm(arm: Arm, window: Window, deadline: float) -> None:
     after_fault(arm, t0, clients, rec)
 
 
+#: chunks of ``decode_frozen``'s 2048-token prompt (``--chunked-prefill-size 512``)
+DECODE_FROZEN_CHUNKS = 4
+
 #: fault -> runner(arm, window, prefill deadline, decode deadline)
 RUNNERS: dict[str, Callable[[Arm, Window, float, float], None]] = {
     "decode_frozen": lambda arm, w, d, dd: decode_frozen(arm, w, d),
@@ -476,6 +527,7 @@ def run_matrix(
                 except BaseException as e:
                     a.errors.append(f"{fault}: {type(e).__name__}: {e}")
                     window.barrier.abort()
+                    window.sync.give_up()
 
             threads = [threading.Thread(target=one, args=(a,)) for a in arms]
             for t in threads:
