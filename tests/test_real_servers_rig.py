@@ -230,6 +230,8 @@ def test_stallguard_s_gauge_alone_marks_the_entry() -> None:
         (["--prompt-tokens", "300"], "--prompt-tokens 300: needs at least 2 chunks"),
         (["--prompt-tokens", "-5"], "--prompt-tokens -5: needs at least 2 chunks"),
         (["--backend", "rdma"], "--backend 'rdma': must be one of nixl, mooncake"),
+        (["--tp", "0"], "--tp 0: must be 1 to 8"),
+        (["--tp", "9"], "--tp 9: must be 1 to 8"),
     ],
 )
 def test_the_cli_refuses_bad_options_naming_them(
@@ -320,3 +322,22 @@ def test_the_fault_matrix_s_decode_frozen_uses_the_checked_placement(
     for rec in recs.values():
         (attempt,) = rec["attempts"]  # type: ignore[misc]
         assert attempt["placed"] and attempt["held_s"]["without"] >= 0.2
+
+
+def test_tp_servers_bind_one_core_per_rank() -> None:
+    """A CPU server with --tp > 1 gets SGLANG_CPU_OMP_THREADS_BIND (SGLang refuses more
+    ranks than NUMA nodes without it); --tp is on every server's command line, once."""
+    from examples.real_servers import _servers as srv
+
+    cores = srv.os.cpu_count() or 1
+    assert srv.tp_env(1) == {}
+    assert srv.tp_env(2) == {"SGLANG_CPU_OMP_THREADS_BIND": f"0|{1 % cores}"}
+    one = srv.ServerSet(
+        "a", rig.ROOT, None, ports={k: 1 for k in ("prefill", "bootstrap", "decode")}
+    )
+    two = srv.ServerSet("a", rig.ROOT, None, tp=2, ports=dict(one.ports))
+    argv = one.server_argv("prefill")
+    assert argv.count("--tp") == 1 and argv[argv.index("--tp") + 1] == "1"
+    argv = two.server_argv("decode")
+    assert argv.count("--tp") == 1
+    assert argv[argv.index("--tp") + 1] == "2"

@@ -577,6 +577,7 @@ def run(
     freeze_at_chunk: int = FREEZE_AT_CHUNK,
     arms: tuple[str, ...] = ("without", "with"),
     backend: str = "nixl",
+    tp: int = 1,
     log: Any = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns what results.json holds. Always stops every process it
@@ -601,6 +602,7 @@ def run(
             decode_stallguard=not shared_decode,
             decode_name="decode" if shared_decode else None,
             backend=backend,
+            tp=tp,
         )
         made[name] = Arm(name, servers)
     batches = [list(made.values())] if not sequential else [[a] for a in made.values()]
@@ -679,6 +681,7 @@ def run(
         "kv_mb": kv_mb(prompt_tokens),
         "shared_decode": shared_decode,
         "backend": backend,
+        "tp": tp,
         "total_s": round(time.monotonic() - t_all, 1),
         "phases_s": phases,
         "arms": {
@@ -881,7 +884,15 @@ def main(argv: list[str] | None = None) -> int:
         default="nixl",
         help=f"KV transfer backend of the servers: {', '.join(BACKENDS)} (Mooncake over TCP)",
     )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor parallelism of every server (ranks on gloo, one core each)",
+    )
     args = p.parse_args(argv)
+    if not 1 <= args.tp <= 8:
+        p.error(f"--tp {args.tp}: must be 1 to 8")
     if args.backend not in BACKENDS:
         p.error(f"--backend {args.backend!r}: must be one of {', '.join(BACKENDS)}")
     chunks = math.ceil(args.prompt_tokens / CHUNK) if args.prompt_tokens > 0 else 0
@@ -908,6 +919,7 @@ def main(argv: list[str] | None = None) -> int:
         freeze_at_chunk=args.freeze_at_chunk,
         arms=tuple(args.arms.split(",")),
         backend=args.backend,
+        tp=args.tp,
         log=lambda m: print(f"[real_servers] {m}", flush=True),
     )
     text = table(results)

@@ -39,7 +39,7 @@ CPU_STANDIN_DECODE_FLAGS = ["--disaggregation-decode-retraction-backup", "none"]
 COMMON_FLAGS = [
     "--model-path", str(MODEL), "--load-format", "dummy", "--device", "cpu",
     "--skip-tokenizer-init", "--attention-backend", "torch_native", "--disable-cuda-graph",
-    "--tp", "1", "--host", HOST, "--enable-metrics",
+    "--host", HOST, "--enable-metrics",
 ]  # fmt: skip
 
 #: The KV transfer backends the rig runs: NIXL over UCX/TCP, or Mooncake's transfer
@@ -215,6 +215,18 @@ def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) ->
     return env
 
 
+def tp_env(tp: int) -> dict[str, str]:
+    """What a CPU server with *tp* ranks needs: SGLang binds each rank's OpenMP threads
+    to a NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` names cores per rank, and
+    refuses more ranks than nodes (``numa_utils.init_threads_binding``: "the total number
+    of ranks ... should be smaller than or equal to number of numa node"); this machine
+    has one node and 2 cores, so rank i gets core ``i % cores``."""
+    if tp <= 1:
+        return {}
+    cores = os.cpu_count() or 1
+    return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(tp))}
+
+
 @dataclass
 class ServerSet:
     """Prefill + decode + router for one arm ("without" or "with" stallguard).
@@ -238,6 +250,9 @@ class ServerSet:
     decode_name: str | None = None
     #: the KV transfer backend of both servers (:data:`BACKENDS`)
     backend: str = "nixl"
+    #: tensor parallelism of both servers (``--tp``; on a CPU each rank is a scheduler
+    #: process on gloo, bound to a core of its own: :func:`tp_env`)
+    tp: int = 1
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -262,6 +277,7 @@ class ServerSet:
         argv += ["--max-total-tokens", str(self.max_total_tokens)]
         argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
         argv += ["--port", str(self.ports[mode]), "--disaggregation-mode", mode]
+        argv += ["--tp", str(self.tp)]
         if mode == "prefill":
             argv += ["--disaggregation-bootstrap-port", str(self.ports["bootstrap"])]
         else:
@@ -301,7 +317,7 @@ class ServerSet:
             self.procs[mode] = spawn(
                 name,
                 self.server_argv(mode),
-                server_env(config, BACKEND_ENV[self.backend]),
+                server_env(config, {**BACKEND_ENV[self.backend], **tp_env(self.tp)}),
                 self.logs / f"{name}.log",
             )
 
