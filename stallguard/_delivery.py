@@ -298,7 +298,7 @@ def withdraw(wd: Watchdog[Any], expiry: Expiry[Any]) -> None:
             wd._gone[key] = _CONCLUDED_MARK  # (keeps its place in the memory)
         stats = wd._stats
         if stats is not None:
-            stats.unfired(expiry.state)
+            stats.unfired(expiry.state, expiry.reason)
 
 
 def hook_failed(wd: Watchdog[Any], hook: object, expiry: Expiry[Any] | None) -> None:

@@ -3,7 +3,9 @@
 A watchdog records, for every request that *leaves* a state (a state change, a terminal
 state, ``forget()``, an enforced expiry), the seconds it spent there, into a fixed
 histogram per state. It also counts the requests a deadline fired on (enforce) or would
-have fired on (report), and, in report mode, how those requests ended. Both modes record.
+have fired on (report), and, in report mode, how those requests ended; and every expiry
+delivered, by mode, state and reason (``forced``, ``reported``): each once, less the
+enforced ones an enforcement hook withdrew. Both modes record.
 :func:`stallguard.advise` turns the result into suggested deadlines (see docs/advice.md).
 
 The histogram (docs/advice.md#the-histogram):
@@ -280,6 +282,13 @@ class StateStatistics:
             are not in it.
         completed: the terminal state labels that count as normal completion (the
             watchdog's rule: the spec's first terminal state).
+        forced: enforce mode: the expiries in this state, by reason (``state``,
+            ``stall`` or ``lifetime``, as :attr:`~stallguard.Expiry.reason`): each
+            expiry once, less those an enforcement hook withdrew (returned
+            :data:`~stallguard.CONCLUDED`). A reason that never fired is absent.
+        reported: report mode: the expiries in this state, by reason: each once (a
+            request may be reported once per deadline, so more than once: unlike
+            *fired*, which counts requests).
     """
 
     state: str
@@ -288,6 +297,8 @@ class StateStatistics:
     fired: int | None = 0
     fired_then: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
     completed: tuple[str, ...] = ()
+    forced: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    reported: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
 
     @property
     def count(self) -> int:
@@ -321,7 +332,7 @@ class Statistics:
 class _Hist:
     """One state's mutable histogram and counters (lock held by the caller)."""
 
-    __slots__ = ("counts", "fired", "label", "max", "then", "total")
+    __slots__ = ("counts", "fired", "forced", "label", "max", "reported", "then", "total")
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -330,6 +341,9 @@ class _Hist:
         self.max = -1.0  # no value yet
         self.fired = 0
         self.then: dict[str, int] = {}
+        #: expiries by reason, enforce and report mode
+        self.forced: dict[str, int] = {}
+        self.reported: dict[str, int] = {}
 
     def add(
         self,
@@ -362,7 +376,8 @@ class StatsRecorder:
     * a request leaves a non-terminal state (state change, terminal state, ``forget()``,
       enforced expiry, or any state stay the watchdog tracked without a deadline FIFO):
       :meth:`left` ``(state, seconds in it)``;
-    * a deadline fires (each :class:`~stallguard.Expiry`): :meth:`fired`;
+    * a deadline fires (each :class:`~stallguard.Expiry`): :meth:`fired`; an
+      enforcement hook withdraws it: :meth:`unfired`;
     * a tracked request reaches a terminal state: :meth:`ended` ``(key, terminal)``;
       ``forget()`` of a tracked request: :meth:`ended` ``(key, None)``.
     """
@@ -396,23 +411,34 @@ class StatsRecorder:
         (one call less per state change than :meth:`left`)."""
         return self._hists[state]
 
-    def fired(self, key: Hashable, state: State, enforce: bool) -> None:
-        """A deadline of *key* fired while it was in *state*. Enforce: counted (the
-        request is gone). Report: counted once per request (its first report), and the
-        request is remembered until :meth:`ended` tells how it ended."""
+    def fired(self, key: Hashable, state: State, enforce: bool, reason: str) -> None:
+        """*key*'s deadline of *reason* fired while it was in *state* (one expiry).
+        The expiry is counted by reason. Enforce: the request is counted (it is gone).
+        Report: the request is counted once (its first report), and remembered until
+        :meth:`ended` tells how it ended."""
         h = self._hists[state]
         reported = self._reported
         if enforce:
             h.fired += 1
+            h.forced[reason] = h.forced.get(reason, 0) + 1
             if reported:
                 reported.pop(key, None)
-        elif key not in reported:
-            reported[key] = h
-            h.fired += 1
+        else:
+            h.reported[reason] = h.reported.get(reason, 0) + 1
+            if key not in reported:
+                reported[key] = h
+                h.fired += 1
 
-    def unfired(self, state: State) -> None:
-        """An enforced firing in *state* was withdrawn (the request had concluded)."""
-        self._hists[state].fired -= 1
+    def unfired(self, state: State, reason: str) -> None:
+        """An enforced expiry in *state* for *reason* was withdrawn (the request had
+        concluded): neither the request nor the expiry counts."""
+        h = self._hists[state]
+        h.fired -= 1
+        left = h.forced[reason] - 1
+        if left:
+            h.forced[reason] = left
+        else:
+            del h.forced[reason]
 
     def ended(self, key: Hashable, terminal: State | None) -> None:
         """Tracked *key* reached *terminal* (None: it was forgotten)."""
@@ -440,5 +466,7 @@ class StatsRecorder:
                 fired=h.fired,
                 fired_then=dict(h.then),
                 completed=self.completed,
+                forced=h.forced,
+                reported=h.reported,
             )
         return Statistics(spec=self.spec.name, mode=mode, states=states)

@@ -837,7 +837,7 @@ class Watchdog(Generic[K]):
                 )
                 append(expiry)
                 if stats is not None:
-                    stats.fired(rec.key, slot.state, enforce)
+                    stats.fired(rec.key, slot.state, enforce, clock.reason)
                 if enforce:
                     if slot.parked:
                         slot.parked.pop(rec, None)
