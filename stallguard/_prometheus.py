@@ -126,20 +126,25 @@ class StatisticsExporter:
         reported-then-completed requests, forced and reported expiries); with a
         *snapshot* and an *oldest* gauge, set each state's oldest age."""
         if self.oldest is not None and snapshot is not None:
-            for label, summary in snapshot.states.items():
-                labels = {**self.labels, self.state_label: label}
-                self.oldest.labels(**labels).set(summary.oldest_age or 0.0)
+            self._export_oldest(snapshot)
         if self.forced is not None or self.reported is not None:
             self._export_failures(statistics)
         for label, s in statistics.states.items():
             self._export_state(label, s)
-            if self.completed is None:
-                continue
-            done = s.fired_completed
-            before = self._completed.get(label, 0)
-            if done > before:
-                self.completed.labels(**self.labels, **{self.state_label: label}).inc(done - before)
-                self._completed[label] = done
+            if self.completed is not None:
+                self._export_completed(label, s)
+
+    def _export_oldest(self, snapshot: Snapshot[Any]) -> None:
+        for label, summary in snapshot.states.items():
+            labels = {**self.labels, self.state_label: label}
+            self.oldest.labels(**labels).set(summary.oldest_age or 0.0)
+
+    def _export_completed(self, label: str, s: StateStatistics) -> None:
+        done = s.fired_completed
+        before = self._completed.get(label, 0)
+        if done > before:
+            self.completed.labels(**self.labels, **{self.state_label: label}).inc(done - before)
+            self._completed[label] = done
 
     def _export_failures(self, statistics: Statistics) -> None:
         """Add the expiries since the last call to the *forced* and *reported*

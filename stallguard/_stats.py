@@ -180,17 +180,7 @@ class Distribution:
                 f"for {len(self.bounds)} bounds"
             )
         if self.bounds is not BOUNDS:  # (the standard layout is known to be valid)
-            if self.bounds[-1] != math.inf:
-                raise ValueError(f"Distribution bounds must end with inf, got {self.bounds[-1]!r}")
-            for i, b in enumerate(self.bounds[:-1]):
-                finite = isinstance(b, int) or (isinstance(b, float) and math.isfinite(b))
-                if isinstance(b, bool) or not finite:
-                    raise ValueError(
-                        f"Distribution bounds must be finite numbers before the last (inf), "
-                        f"got {b!r} at index {i}"
-                    )
-            if any(b <= a for a, b in pairwise(self.bounds)):
-                raise ValueError("Distribution bounds must be strictly increasing")
+            _check_bounds(self.bounds)
         if min(self.counts) < 0:
             raise ValueError(f"Distribution counts must be >= 0, got {self.counts!r}")
 
@@ -251,6 +241,21 @@ class Distribution:
         counts = tuple(a + b for a, b in zip(self.counts, other.counts, strict=True))
         top = None if self.max is None or other.max is None else max(self.max, other.max)
         return Distribution(self.bounds, counts, self.total + other.total, top)
+
+
+def _check_bounds(bounds: tuple[float, ...]) -> None:
+    """Refuse bucket bounds that are not finite numbers, strictly increasing, then inf."""
+    if bounds[-1] != math.inf:
+        raise ValueError(f"Distribution bounds must end with inf, got {bounds[-1]!r}")
+    for i, b in enumerate(bounds[:-1]):
+        finite = isinstance(b, int) or (isinstance(b, float) and math.isfinite(b))
+        if isinstance(b, bool) or not finite:
+            raise ValueError(
+                f"Distribution bounds must be finite numbers before the last (inf), "
+                f"got {b!r} at index {i}"
+            )
+    if any(b <= a for a, b in pairwise(bounds)):
+        raise ValueError("Distribution bounds must be strictly increasing")
 
 
 def _counts(value: Mapping[str, int]) -> Mapping[str, int]:
@@ -388,19 +393,23 @@ class StatsRecorder:
         for state in spec.deadlines:
             self._hists[state] = _Hist(state_label(state))
         self._labels = {state: state_label(state) for state in spec.terminal}
-        if completed is None:
-            done: tuple[str, ...] = (state_label(spec.terminal[0]),) if spec.terminal else ()
-        else:
-            done = tuple(state_label(s) for s in completed)
-            unknown = [label for label in done if label not in self._labels.values()]
-            if unknown:
-                raise ValueError(
-                    f"completed={unknown!r}: not terminal states of spec {spec.name!r} "
-                    f"(terminal: {list(self._labels.values())!r})"
-                )
-        self.completed = done
+        self.completed = self._completed(completed)
         # report mode: key -> the histogram of the state of its first report
         self._reported: dict[Hashable, _Hist] = {}
+
+    def _completed(self, completed: Iterable[State] | None) -> tuple[str, ...]:
+        """The labels of the terminal states that count as normal completion."""
+        spec = self.spec
+        if completed is None:
+            return (state_label(spec.terminal[0]),) if spec.terminal else ()
+        done = tuple(state_label(s) for s in completed)
+        unknown = [label for label in done if label not in self._labels.values()]
+        if unknown:
+            raise ValueError(
+                f"completed={unknown!r}: not terminal states of spec {spec.name!r} "
+                f"(terminal: {list(self._labels.values())!r})"
+            )
+        return done
 
     def left(self, state: State, seconds: float) -> None:
         """A request left non-terminal *state* after *seconds* in it."""
