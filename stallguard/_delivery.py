@@ -18,7 +18,7 @@ from . import _registry
 from ._details import CONCLUDED, Expiry
 from ._fifo import CONCLUDED as _CONCLUDED_MARK
 from ._fifo import EXPIRED, Note
-from ._validate import check_annotations, listener_args, unhashable
+from ._validate import check_annotations, listener_args, tracked
 
 if TYPE_CHECKING:
     from ._watchdog import Watchdog
@@ -187,10 +187,7 @@ def annotate(
     """
     links = check_annotations(attributes, trace_links)
     with self._lock:
-        try:
-            rec = self._where.get(key)
-        except TypeError:
-            raise unhashable(key) from None
+        rec = tracked(self, key)
         if rec is None:
             return False
         note = rec.note

@@ -65,6 +65,7 @@ from ._validate import (
     check_time,
     clock_reading,
     expire_hooks,
+    tracked,
     unhashable,
     unhashable_lookup,
     unknown_state,
@@ -437,10 +438,7 @@ class Watchdog(Generic[K]):
         """
         left: tuple[str, float] | None = None
         with self._lock:
-            try:
-                rec = self._where.get(key)
-            except TypeError:
-                raise unhashable(key) from None
+            rec = tracked(self, key)
             if rec is None:
                 if not remember:
                     self._gone.pop(key, None)
