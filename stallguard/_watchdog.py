@@ -30,10 +30,14 @@ Design (docs/watchdog.md, "How it works", says more):
   the watchdog holds its lock. A ``BaseException`` raised by one of them interrupts the
   delivery; what is left of it is carried (``_carry``) to the next ``check()``.
 * Where the rest lives: the records and clocks (``Clock.push``, the one way an entry
-  is added) in ``_fifo``; delivery to hooks and listeners in ``_delivery``; the
-  ``guard`` decorator in ``_guard``; ``snapshot`` and the tests' views in ``_views``;
-  ``Expiry`` construction beside the class (``_details.new_expiry``); argument checks in
-  ``_validate``. This module keeps the tracking and the expiry decision.
+  is added) in ``_fifo``; delivery to hooks and listeners, ``add_listener``,
+  ``remove_listener`` and ``annotate`` in ``_delivery``; the ``guard`` decorator in
+  ``_guard``; ``snapshot``, ``statistics``, ``advice`` and the tests' views in
+  ``_views``; ``Expiry`` construction beside the class (``_details.new_expiry``);
+  argument checks and observe's rare paths (an unhashable or unknown state) in
+  ``_validate``. Public methods that live elsewhere are bound in the class body
+  (``annotate = _delivery.annotate``), their docstrings with them. This module keeps
+  the tracking and the expiry decision.
 * A watchdog keeps at most 29 instance attributes: CPython 3.11 keeps an instance's
   attributes in its class's shared-key table up to that many, and every attribute load
   is slower past it (tests/test_watchdog.py checks the count).
