@@ -340,6 +340,73 @@ def advise(
     )
 
 
+def _fired_completed(
+    s: StateStatistics, mode: Mode | None, completed: tuple[str, ...] | None, warnings: list[str]
+) -> int | None:
+    """Report mode: how many requests the deadline fired on then completed (None:
+    unknown, or enforce mode, where a failed request cannot complete)."""
+    fired_completed = None
+    if mode == "enforce":
+        pass  # a failed request cannot complete: nothing to count
+    elif s.fired is not None and s.fired_then:
+        labels = s.completed if completed is None else completed
+        fired_completed = sum(s.fired_then.get(label, 0) for label in labels)
+    elif s.fired is not None and s.completed:
+        fired_completed = 0
+    if fired_completed and s.fired:
+        warnings.append(
+            f"the current deadline fired on {s.fired} request(s), {fired_completed} of which "
+            "then completed normally: enforcing it would have failed them"
+        )
+    return fired_completed
+
+
+def _suggestion(
+    n: int, need: int, q: float, q_seconds: float | None, margin: float, floor: float
+) -> tuple[float | None, str]:
+    """The suggested deadline (None: none) and the reason for it."""
+    if n < need:
+        return None, f"not enough data: {n} stays recorded, {need} needed"
+    if q_seconds is None or math.isinf(q_seconds):
+        return None, f"p{_pct(q)} lies beyond the largest bucket: no suggestion"
+    raw = max(q_seconds * margin, floor)
+    suggested = round_up(raw)
+    if suggested is None:
+        return None, f"p{_pct(q)} x {margin:g} = {format_seconds(raw)}: beyond one week"
+    floored = " (the floor)" if floor >= q_seconds * margin else ""
+    return suggested, (
+        f"p{_pct(q)} ≤ {format_seconds(q_seconds)}; x {margin:g} = "
+        f"{format_seconds(q_seconds * margin)}; at least {format_seconds(floor)}"
+        f"{floored}; rounded up: {format_seconds(suggested)}"
+    )
+
+
+def _live(
+    s: StateStatistics, live: list[float], suggested: float | None, warnings: list[str]
+) -> tuple[float | None, int | None, bool]:
+    """The tracked requests' ages against the suggestion and the recorded stays:
+    ``(oldest, how many are older than the suggestion, whether the tail grows)``."""
+    oldest = max(live) if live else None
+    live_over = None
+    growing = False
+    if suggested is not None:
+        live_over = sum(1 for age in live if age > suggested)
+        if live_over:
+            growing = True
+            warnings.append(
+                f"{live_over} request(s) in {s.state} now are older than the suggested "
+                f"{format_seconds(suggested)} (oldest {format_seconds(oldest)})"
+            )
+    top = s.distribution.max
+    if oldest is not None and top is not None and oldest > top and not live_over:
+        growing = True
+        warnings.append(
+            f"a request in {s.state} now ({format_seconds(oldest)}) is older than every "
+            f"recorded stay (max {format_seconds(top)}): the tail is still growing"
+        )
+    return oldest, live_over, growing
+
+
 def _advise_state(
     s: StateStatistics,
     mode: Mode | None,
@@ -357,56 +424,13 @@ def _advise_state(
     q = 1 - rate
     q_seconds = dist.quantile(q)
     warnings: list[str] = []
-    fired_completed = None
-    if mode == "enforce":
-        pass  # a failed request cannot complete: nothing to count
-    elif s.fired is not None and s.fired_then:
-        labels = s.completed if completed is None else completed
-        fired_completed = sum(s.fired_then.get(label, 0) for label in labels)
-    elif s.fired is not None and s.completed:
-        fired_completed = 0
-    if fired_completed and s.fired:
-        warnings.append(
-            f"the current deadline fired on {s.fired} request(s), {fired_completed} of which "
-            "then completed normally: enforcing it would have failed them"
-        )
-    suggested = None
-    if n < need:
-        reason = f"not enough data: {n} stays recorded, {need} needed"
-    elif q_seconds is None or math.isinf(q_seconds):
-        reason = f"p{_pct(q)} lies beyond the largest bucket: no suggestion"
-    else:
-        raw = max(q_seconds * margin, floor)
-        suggested = round_up(raw)
-        if suggested is None:
-            reason = f"p{_pct(q)} x {margin:g} = {format_seconds(raw)}: beyond one week"
-        else:
-            floored = " (the floor)" if floor >= q_seconds * margin else ""
-            reason = (
-                f"p{_pct(q)} ≤ {format_seconds(q_seconds)}; x {margin:g} = "
-                f"{format_seconds(q_seconds * margin)}; at least {format_seconds(floor)}"
-                f"{floored}; rounded up: {format_seconds(suggested)}"
-            )
+    fired_completed = _fired_completed(s, mode, completed, warnings)
+    suggested, reason = _suggestion(n, need, q, q_seconds, margin, floor)
     growing = _trend(dist, earlier, warnings)
     oldest = live_over = None
     if snapshot is not None:
-        live = ages or []
-        oldest = max(live) if live else None
-        if suggested is not None:
-            live_over = sum(1 for age in live if age > suggested)
-            if live_over:
-                growing = True
-                warnings.append(
-                    f"{live_over} request(s) in {s.state} now are older than the suggested "
-                    f"{format_seconds(suggested)} (oldest {format_seconds(oldest)})"
-                )
-        top = dist.max
-        if oldest is not None and top is not None and oldest > top and not live_over:
-            growing = True
-            warnings.append(
-                f"a request in {s.state} now ({format_seconds(oldest)}) is older than every "
-                f"recorded stay (max {format_seconds(top)}): the tail is still growing"
-            )
+        oldest, live_over, tail = _live(s, ages or [], suggested, warnings)
+        growing = growing or tail
     if mode == "enforce" and s.fired:
         warnings.append(
             f"enforce mode: {s.fired} stay(s) were cut at the current deadline when it "

@@ -111,48 +111,68 @@ def _render(value: object, depth: int, spaced: bool) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        if len(value) > _SHOW_CHARS:
-            head = json.dumps(value[:_SHOW_CHARS], ensure_ascii=False)[:-1]
-            return f'{head}..." ({len(value)} characters)'
-        return json.dumps(value, ensure_ascii=False)
+        return _render_str(value)
     if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
+        return _render_float(value)
     if isinstance(value, int):
-        count = digits(value)
-        if count <= _SHOW_DIGITS:
-            return repr(value)
-        head = value // 10 ** (count - 20) if value > 0 else -(-value // 10 ** (count - 20))
-        return f"{head}... ({count} digits)"
+        return _render_int(value)
     if isinstance(value, (list, tuple)):
-        if depth <= 0:
-            return "[...]" if value else "[]"
-        items = [_render(v, depth - 1, spaced) for v in value[:_SHOW_ITEMS]]
-        if len(value) > _SHOW_ITEMS:
-            items.append(f"... ({len(value)} items)")
-        return "[" + ", ".join(items) + "]"
+        return _render_list(value, depth, spaced)
     if isinstance(value, Mapping):
-        if not value:
-            return "{}"
-        if depth <= 0:
-            return "{...}"
-        pairs = []
-        for n, (k, v) in enumerate(value.items()):
-            if n == _SHOW_ITEMS:
-                pairs.append(f"... ({len(value)} keys)")
-                break
-            pairs.append(f"{_key(k)} = {_render(v, depth - 1, spaced)}")
-        inner = ", ".join(pairs)
-        return "{ " + inner + " }" if spaced else "{" + inner + "}"
+        return _render_table(value, depth, spaced)
     if isinstance(value, (datetime.date, datetime.time)):  # TOML dates and times
         return value.isoformat()
     try:
         return shorten(repr(value))
     except Exception:  # a repr that fails, or recurses too deeply
         return f"<{type(value).__name__} object>"
+
+
+def _render_str(value: str) -> str:
+    if len(value) > _SHOW_CHARS:
+        head = json.dumps(value[:_SHOW_CHARS], ensure_ascii=False)[:-1]
+        return f'{head}..." ({len(value)} characters)'
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _render_float(value: float) -> str:
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return repr(value)
+
+
+def _render_int(value: int) -> str:
+    count = digits(value)
+    if count <= _SHOW_DIGITS:
+        return repr(value)
+    head = value // 10 ** (count - 20) if value > 0 else -(-value // 10 ** (count - 20))
+    return f"{head}... ({count} digits)"
+
+
+def _render_list(value: list[Any] | tuple[Any, ...], depth: int, spaced: bool) -> str:
+    if depth <= 0:
+        return "[...]" if value else "[]"
+    items = [_render(v, depth - 1, spaced) for v in value[:_SHOW_ITEMS]]
+    if len(value) > _SHOW_ITEMS:
+        items.append(f"... ({len(value)} items)")
+    return "[" + ", ".join(items) + "]"
+
+
+def _render_table(value: Mapping[Any, Any], depth: int, spaced: bool) -> str:
+    if not value:
+        return "{}"
+    if depth <= 0:
+        return "{...}"
+    pairs = []
+    for n, (k, v) in enumerate(value.items()):
+        if n == _SHOW_ITEMS:
+            pairs.append(f"... ({len(value)} keys)")
+            break
+        pairs.append(f"{_key(k)} = {_render(v, depth - 1, spaced)}")
+    inner = ", ".join(pairs)
+    return "{ " + inner + " }" if spaced else "{" + inner + "}"
 
 
 def _key(key: object) -> str:

@@ -9,20 +9,23 @@ enforcement hooks, the listeners and the instrumentation hooks, in that order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 
 from . import _registry
 from ._details import CONCLUDED, Expiry
 from ._fifo import CONCLUDED as _CONCLUDED_MARK
-from ._fifo import EXPIRED
+from ._fifo import EXPIRED, Note
+from ._validate import check_annotations, listener_args, tracked
 
 if TYPE_CHECKING:
     from ._watchdog import Watchdog
 
-__all__ = ["Listener"]
+__all__ = ["Listener", "add_listener", "annotate", "remove_listener"]
+
+K = TypeVar("K", bound=Hashable)
 
 log = logging.getLogger("stallguard")
 
@@ -108,6 +111,95 @@ def describe_hook(describe: Callable[[Any], Mapping[str, Any]]) -> Callable[[Exp
 
     describe_key.__qualname__ = f"describe ({getattr(describe, '__qualname__', describe)!s})"
     return describe_key
+
+
+# ---------------------------------------------------------------------- Watchdog methods
+# (the class binds them: ``Watchdog.add_listener = add_listener``; not tracking)
+
+
+def add_listener(
+    self: Watchdog[K],
+    *,
+    on_expire: Callable[[Expiry[K]], object] | None = None,
+    on_leave: Callable[[str, float], object] | None = None,
+    on_earlier_deadline: Callable[[], object] | None = None,
+) -> Listener:
+    """Listen to this watchdog; any number of listeners may listen at once.
+
+    Args:
+        on_expire: called with every :class:`~stallguard.Expiry`, in both modes,
+            after the watchdog's own ``on_expire`` (enforce mode) and before the
+            process-wide instrumentation hooks.
+        on_leave: called as ``on_leave(state_label, seconds_in_state)`` when a
+            tracked request leaves a state (state change, terminal state, forget,
+            enforced expiry); for duration histograms.
+        on_earlier_deadline: called without arguments when a deadline earlier than
+            any pending one appears (possibly on another thread); runners use it to
+            wake up early.
+
+    None of them is called while the watchdog holds its lock, so they may call back
+    into it. An exception they raise is logged and counted in
+    :attr:`~stallguard.Snapshot.hook_errors`, never propagated.
+
+    Returns:
+        A :class:`Listener` handle; ``handle.remove()`` stops it.
+
+    Raises:
+        ConfigError: if an argument is not callable, or none is given.
+    """
+    listener_args(on_expire=on_expire, on_leave=on_leave, on_earlier_deadline=on_earlier_deadline)
+    listener = Listener(self, on_expire, on_leave, on_earlier_deadline)
+    with self._lock:
+        set_listeners(self, (*self._listeners, listener))
+    return listener
+
+
+def remove_listener(self: Watchdog[Any], listener: Listener) -> bool:
+    """Stop calling *listener*. Returns False if it was not listening."""
+    with self._lock:
+        kept = tuple(x for x in self._listeners if x is not listener)
+        if len(kept) == len(self._listeners):
+            return False
+        set_listeners(self, kept)
+        return True
+
+
+def annotate(
+    self: Watchdog[K],
+    key: K,
+    *,
+    attributes: Mapping[str, Any] | None = None,
+    trace_parent: Any = None,
+    trace_links: Iterable[Any] | None = None,
+) -> bool:
+    """Attach telemetry to a tracked request, handed to hooks in its
+    :class:`~stallguard.Expiry`: span *attributes*, a parent span context
+    (*trace_parent*: an OpenTelemetry ``Context`` or ``SpanContext``) and span
+    contexts to link. Attributes merge with earlier ones.
+
+    Returns:
+        True if *key* is tracked; annotations on untracked keys are dropped (they
+        would otherwise leak).
+
+    Raises:
+        TypeError: if *attributes* is not a mapping with string keys, *trace_links*
+            is not iterable, or *key* is not hashable.
+    """
+    links = check_annotations(attributes, trace_links)
+    with self._lock:
+        rec = tracked(self, key)
+        if rec is None:
+            return False
+        note = rec.note
+        if note is None:
+            note = rec.note = Note()
+        if attributes:
+            note.attributes.update(attributes)
+        if trace_parent is not None:
+            note.parent = trace_parent
+        if links is not None:
+            note.links = links
+        return True
 
 
 # ---------------------------------------------------------------------- plans
@@ -298,7 +390,7 @@ def withdraw(wd: Watchdog[Any], expiry: Expiry[Any]) -> None:
             wd._gone[key] = _CONCLUDED_MARK  # (keeps its place in the memory)
         stats = wd._stats
         if stats is not None:
-            stats.unfired(expiry.state)
+            stats.unfired(expiry.state, expiry.reason)
 
 
 def hook_failed(wd: Watchdog[Any], hook: object, expiry: Expiry[Any] | None) -> None:

@@ -49,13 +49,49 @@ def _state_map(
 
 
 def guard(
+    self: Watchdog[K],
+    *,
+    key: Callable[..., K],
+    failed: Any,
+    state: Callable[[Any], State] | Mapping[Any, State] | None = None,
+    check: bool = True,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a ``poll()``-style function or method that returns a state.
+
+    Each call observes the returned state for ``key(*args, **kwargs)`` (for a method,
+    the instance comes first); with *check* it then runs :meth:`check` (one
+    comparison when nothing is due). Once the key has been force-failed, the wrapper
+    returns *failed* instead of whatever the poll returned, every time it is called
+    (while the key is remembered). Terminal results untrack the key.
+
+    Args:
+        key: maps the call's arguments to the request key.
+        failed: what to return for a force-failed request (SGLang: ``KVPoll.Failed``).
+        state: maps the returned value to a spec state: a mapping or a callable
+            (SGLang's ``KVPoll`` returns plain ints). Default: the value itself.
+        check: run the deadline check on every call.
+
+    The wrapped poll raises :class:`~stallguard.UnknownStateError` for a value that
+    maps to no declared state (also an unhashable one).
+
+    Example::
+
+        @watchdog.guard(key=lambda self: self.room, failed=KVPoll.Failed,
+                        state={0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput",
+                               3: "Transferring", 4: "Success"})
+        def poll(self) -> int: ...
+    """
+    return _wrap(self, key, failed, state, check)
+
+
+def _wrap(
     wd: Watchdog[K],
     key: Callable[..., K],
     failed: Any,
     state: Callable[[Any], State] | Mapping[Any, State] | None,
     check: bool,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """:meth:`Watchdog.guard`'s decorator (documented there)."""
+    """:meth:`Watchdog.guard`'s decorator."""
     if not callable(key):
         raise ConfigError(f"guard(key=...) must be a callable, got {key!r}")
     to_state, known_values = _state_map(wd, state)

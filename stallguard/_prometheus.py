@@ -19,7 +19,11 @@ from ._stats import BOUNDS, LADDER, StateStatistics, Statistics
 if TYPE_CHECKING:
     from ._details import Snapshot
 
-__all__ = ["StatisticsExporter", "histogram_buckets"]
+__all__ = ["StatisticsExporter", "expiries_since", "histogram_buckets"]
+
+#: an expiry count's key: ``(kind, state label, reason)``, kind ``"forced"`` or
+#: ``"reported"``
+ExpiryKey = tuple[str, str, str]
 
 # ladder bucket j (values in (LADDER[j-1], LADDER[j]], the last one +Inf) = the fine
 # buckets BOUNDS[start:end] (exact: every ladder value is one of BOUNDS)
@@ -50,7 +54,16 @@ class StatisticsExporter:
         oldest: optional ``Gauge`` of the age of the oldest request in each state now
             (0: none in it), labelled as the histogram, set from the *snapshot* given
             to :meth:`export` (``Watchdog.snapshot(requests=False)``).
+        forced: optional ``Counter`` of the expiries enforced (enforce mode), by state
+            and reason (``StateStatistics.forced``): each expiry once, less those an
+            enforcement hook withdrew. Labelled as *failure_labels*, the state and
+            *reason_label*.
+        reported: optional ``Counter`` of the expiries reported (report mode), by
+            state and reason (``StateStatistics.reported``), labelled as *forced*.
+        failure_labels: the label values of *forced* and *reported* besides the state
+            and the reason (default: *labels*).
         state_label: the name of the state label.
+        reason_label: the name of the reason label of *forced* and *reported*.
 
     prometheus_client has no public bulk add to a histogram: :meth:`export` adds to the
     child's per-bucket values (``_buckets``, ``_sum``: the same ``inc`` its
@@ -61,13 +74,18 @@ class StatisticsExporter:
 
     __slots__ = (
         "_completed",
+        "_failures",
         "_sent",
         "completed",
         "deadline",
         "deadline_labels",
+        "failure_labels",
+        "forced",
         "histogram",
         "labels",
         "oldest",
+        "reason_label",
+        "reported",
         "state_label",
     )
 
@@ -80,7 +98,11 @@ class StatisticsExporter:
         deadline_labels: Mapping[str, str] | None = None,
         completed: Any = None,
         oldest: Any = None,
+        forced: Any = None,
+        reported: Any = None,
+        failure_labels: Mapping[str, str] | None = None,
         state_label: str = "state",
+        reason_label: str = "reason",
     ) -> None:
         self.histogram = histogram
         self.labels = dict(labels)
@@ -88,28 +110,50 @@ class StatisticsExporter:
         self.deadline_labels = dict(labels if deadline_labels is None else deadline_labels)
         self.completed = completed
         self.oldest = oldest
+        self.forced = forced
+        self.reported = reported
+        self.failure_labels = dict(labels if failure_labels is None else failure_labels)
         self.state_label = state_label
+        self.reason_label = reason_label
+        # (kind, state, reason) -> expiries already exported
+        self._failures: dict[ExpiryKey, int] = {}
         # per state: ladder-bucket counts and sum already exported
         self._sent: dict[str, tuple[list[int], float]] = {}
         self._completed: dict[str, int] = {}
 
     def export(self, statistics: Statistics, snapshot: Snapshot[Any] | None = None) -> None:
         """Add every state's stays recorded since the last call (and the new
-        reported-then-completed requests); with a *snapshot* and an *oldest* gauge, set
-        each state's oldest age."""
+        reported-then-completed requests, forced and reported expiries); with a
+        *snapshot* and an *oldest* gauge, set each state's oldest age."""
         if self.oldest is not None and snapshot is not None:
-            for label, summary in snapshot.states.items():
-                labels = {**self.labels, self.state_label: label}
-                self.oldest.labels(**labels).set(summary.oldest_age or 0.0)
+            self._export_oldest(snapshot)
+        if self.forced is not None or self.reported is not None:
+            self._export_failures(statistics)
         for label, s in statistics.states.items():
             self._export_state(label, s)
-            if self.completed is None:
-                continue
-            done = s.fired_completed
-            before = self._completed.get(label, 0)
-            if done > before:
-                self.completed.labels(**self.labels, **{self.state_label: label}).inc(done - before)
-                self._completed[label] = done
+            if self.completed is not None:
+                self._export_completed(label, s)
+
+    def _export_oldest(self, snapshot: Snapshot[Any]) -> None:
+        for label, summary in snapshot.states.items():
+            labels = {**self.labels, self.state_label: label}
+            self.oldest.labels(**labels).set(summary.oldest_age or 0.0)
+
+    def _export_completed(self, label: str, s: StateStatistics) -> None:
+        done = s.fired_completed
+        before = self._completed.get(label, 0)
+        if done > before:
+            self.completed.labels(**self.labels, **{self.state_label: label}).inc(done - before)
+            self._completed[label] = done
+
+    def _export_failures(self, statistics: Statistics) -> None:
+        """Add the expiries since the last call to the *forced* and *reported*
+        counters."""
+        for (kind, label, reason), n in expiries_since(statistics, self._failures).items():
+            counter = self.forced if kind == "forced" else self.reported
+            if counter is not None:
+                labels = {self.state_label: label, self.reason_label: reason}
+                counter.labels(**self.failure_labels, **labels).inc(n)
 
     def _export_state(self, label: str, s: StateStatistics) -> None:
         dist = s.distribution
@@ -126,6 +170,26 @@ class StatisticsExporter:
         child = self.histogram.labels(**self.labels, **{self.state_label: label})
         add_to_histogram(child, counts, dist.total - sent[1], sent[0])
         self._sent[label] = (counts, dist.total)
+
+
+def expiries_since(statistics: Statistics, sent: dict[ExpiryKey, int]) -> dict[ExpiryKey, int]:
+    """The expiries *statistics* counts beyond *sent*, as ``(kind, state label, reason)
+    -> n`` (kind ``"forced"``: ``StateStatistics.forced``, ``"reported"``:
+    ``.reported``), for an adapter that ships counts rather than feeding a
+    prometheus_client counter. *sent* is updated in place: pass the same dict each time
+    (empty at first) and each expiry is returned once. A count that fell below *sent*
+    (an enforced expiry withdrawn after it was returned) yields nothing until it rises
+    past it again: counters only rise."""
+    new: dict[ExpiryKey, int] = {}
+    for label, s in statistics.states.items():
+        for kind, counts in (("forced", s.forced), ("reported", s.reported)):
+            for reason, n in counts.items():
+                key = (kind, label, reason)
+                before = sent.get(key, 0)
+                if n > before:
+                    new[key] = n - before
+                    sent[key] = n
+    return new
 
 
 def ladder_counts(fine: Sequence[int]) -> list[int]:

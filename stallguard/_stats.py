@@ -3,7 +3,9 @@
 A watchdog records, for every request that *leaves* a state (a state change, a terminal
 state, ``forget()``, an enforced expiry), the seconds it spent there, into a fixed
 histogram per state. It also counts the requests a deadline fired on (enforce) or would
-have fired on (report), and, in report mode, how those requests ended. Both modes record.
+have fired on (report), and, in report mode, how those requests ended; and every expiry
+delivered, by mode, state and reason (``forced``, ``reported``): each once, less the
+enforced ones an enforcement hook withdrew. Both modes record.
 :func:`stallguard.advise` turns the result into suggested deadlines (see docs/advice.md).
 
 The histogram (docs/advice.md#the-histogram):
@@ -178,17 +180,7 @@ class Distribution:
                 f"for {len(self.bounds)} bounds"
             )
         if self.bounds is not BOUNDS:  # (the standard layout is known to be valid)
-            if self.bounds[-1] != math.inf:
-                raise ValueError(f"Distribution bounds must end with inf, got {self.bounds[-1]!r}")
-            for i, b in enumerate(self.bounds[:-1]):
-                finite = isinstance(b, int) or (isinstance(b, float) and math.isfinite(b))
-                if isinstance(b, bool) or not finite:
-                    raise ValueError(
-                        f"Distribution bounds must be finite numbers before the last (inf), "
-                        f"got {b!r} at index {i}"
-                    )
-            if any(b <= a for a, b in pairwise(self.bounds)):
-                raise ValueError("Distribution bounds must be strictly increasing")
+            _check_bounds(self.bounds)
         if min(self.counts) < 0:
             raise ValueError(f"Distribution counts must be >= 0, got {self.counts!r}")
 
@@ -251,6 +243,21 @@ class Distribution:
         return Distribution(self.bounds, counts, self.total + other.total, top)
 
 
+def _check_bounds(bounds: tuple[float, ...]) -> None:
+    """Refuse bucket bounds that are not finite numbers, strictly increasing, then inf."""
+    if bounds[-1] != math.inf:
+        raise ValueError(f"Distribution bounds must end with inf, got {bounds[-1]!r}")
+    for i, b in enumerate(bounds[:-1]):
+        finite = isinstance(b, int) or (isinstance(b, float) and math.isfinite(b))
+        if isinstance(b, bool) or not finite:
+            raise ValueError(
+                f"Distribution bounds must be finite numbers before the last (inf), "
+                f"got {b!r} at index {i}"
+            )
+    if any(b <= a for a, b in pairwise(bounds)):
+        raise ValueError("Distribution bounds must be strictly increasing")
+
+
 def _counts(value: Mapping[str, int]) -> Mapping[str, int]:
     return MappingProxyType(dict(value))
 
@@ -280,6 +287,13 @@ class StateStatistics:
             are not in it.
         completed: the terminal state labels that count as normal completion (the
             watchdog's rule: the spec's first terminal state).
+        forced: enforce mode: the expiries in this state, by reason (``state``,
+            ``stall`` or ``lifetime``, as :attr:`~stallguard.Expiry.reason`): each
+            expiry once, less those an enforcement hook withdrew (returned
+            :data:`~stallguard.CONCLUDED`). A reason that never fired is absent.
+        reported: report mode: the expiries in this state, by reason: each once (a
+            request may be reported once per deadline, so more than once: unlike
+            *fired*, which counts requests).
     """
 
     state: str
@@ -288,6 +302,8 @@ class StateStatistics:
     fired: int | None = 0
     fired_then: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
     completed: tuple[str, ...] = ()
+    forced: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
+    reported: Mapping[str, int] = attrs.field(factory=dict, converter=_counts)
 
     @property
     def count(self) -> int:
@@ -321,7 +337,7 @@ class Statistics:
 class _Hist:
     """One state's mutable histogram and counters (lock held by the caller)."""
 
-    __slots__ = ("counts", "fired", "label", "max", "then", "total")
+    __slots__ = ("counts", "fired", "forced", "label", "max", "reported", "then", "total")
 
     def __init__(self, label: str) -> None:
         self.label = label
@@ -330,6 +346,9 @@ class _Hist:
         self.max = -1.0  # no value yet
         self.fired = 0
         self.then: dict[str, int] = {}
+        #: expiries by reason, enforce and report mode
+        self.forced: dict[str, int] = {}
+        self.reported: dict[str, int] = {}
 
     def add(
         self,
@@ -362,7 +381,8 @@ class StatsRecorder:
     * a request leaves a non-terminal state (state change, terminal state, ``forget()``,
       enforced expiry, or any state stay the watchdog tracked without a deadline FIFO):
       :meth:`left` ``(state, seconds in it)``;
-    * a deadline fires (each :class:`~stallguard.Expiry`): :meth:`fired`;
+    * a deadline fires (each :class:`~stallguard.Expiry`): :meth:`fired`; an
+      enforcement hook withdraws it: :meth:`unfired`;
     * a tracked request reaches a terminal state: :meth:`ended` ``(key, terminal)``;
       ``forget()`` of a tracked request: :meth:`ended` ``(key, None)``.
     """
@@ -373,19 +393,23 @@ class StatsRecorder:
         for state in spec.deadlines:
             self._hists[state] = _Hist(state_label(state))
         self._labels = {state: state_label(state) for state in spec.terminal}
-        if completed is None:
-            done: tuple[str, ...] = (state_label(spec.terminal[0]),) if spec.terminal else ()
-        else:
-            done = tuple(state_label(s) for s in completed)
-            unknown = [label for label in done if label not in self._labels.values()]
-            if unknown:
-                raise ValueError(
-                    f"completed={unknown!r}: not terminal states of spec {spec.name!r} "
-                    f"(terminal: {list(self._labels.values())!r})"
-                )
-        self.completed = done
+        self.completed = self._completed(completed)
         # report mode: key -> the histogram of the state of its first report
         self._reported: dict[Hashable, _Hist] = {}
+
+    def _completed(self, completed: Iterable[State] | None) -> tuple[str, ...]:
+        """The labels of the terminal states that count as normal completion."""
+        spec = self.spec
+        if completed is None:
+            return (state_label(spec.terminal[0]),) if spec.terminal else ()
+        done = tuple(state_label(s) for s in completed)
+        unknown = [label for label in done if label not in self._labels.values()]
+        if unknown:
+            raise ValueError(
+                f"completed={unknown!r}: not terminal states of spec {spec.name!r} "
+                f"(terminal: {list(self._labels.values())!r})"
+            )
+        return done
 
     def left(self, state: State, seconds: float) -> None:
         """A request left non-terminal *state* after *seconds* in it."""
@@ -396,23 +420,34 @@ class StatsRecorder:
         (one call less per state change than :meth:`left`)."""
         return self._hists[state]
 
-    def fired(self, key: Hashable, state: State, enforce: bool) -> None:
-        """A deadline of *key* fired while it was in *state*. Enforce: counted (the
-        request is gone). Report: counted once per request (its first report), and the
-        request is remembered until :meth:`ended` tells how it ended."""
+    def fired(self, key: Hashable, state: State, enforce: bool, reason: str) -> None:
+        """*key*'s deadline of *reason* fired while it was in *state* (one expiry).
+        The expiry is counted by reason. Enforce: the request is counted (it is gone).
+        Report: the request is counted once (its first report), and remembered until
+        :meth:`ended` tells how it ended."""
         h = self._hists[state]
         reported = self._reported
         if enforce:
             h.fired += 1
+            h.forced[reason] = h.forced.get(reason, 0) + 1
             if reported:
                 reported.pop(key, None)
-        elif key not in reported:
-            reported[key] = h
-            h.fired += 1
+        else:
+            h.reported[reason] = h.reported.get(reason, 0) + 1
+            if key not in reported:
+                reported[key] = h
+                h.fired += 1
 
-    def unfired(self, state: State) -> None:
-        """An enforced firing in *state* was withdrawn (the request had concluded)."""
-        self._hists[state].fired -= 1
+    def unfired(self, state: State, reason: str) -> None:
+        """An enforced expiry in *state* for *reason* was withdrawn (the request had
+        concluded): neither the request nor the expiry counts."""
+        h = self._hists[state]
+        h.fired -= 1
+        left = h.forced[reason] - 1
+        if left:
+            h.forced[reason] = left
+        else:
+            del h.forced[reason]
 
     def ended(self, key: Hashable, terminal: State | None) -> None:
         """Tracked *key* reached *terminal* (None: it was forgotten)."""
@@ -440,5 +475,7 @@ class StatsRecorder:
                 fired=h.fired,
                 fired_then=dict(h.then),
                 completed=self.completed,
+                forced=h.forced,
+                reported=h.reported,
             )
         return Statistics(spec=self.spec.name, mode=mode, states=states)

@@ -11,9 +11,13 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._errors import ClockError, ConfigError
+from ._errors import ClockError, ConfigError, UnknownStateError
+
+if TYPE_CHECKING:
+    from ._fifo import Rec, Slot
+    from ._watchdog import Watchdog
 
 __all__ = [
     "MODES",
@@ -30,6 +34,9 @@ __all__ = [
     "listener_args",
     "shorten",
     "unhashable",
+    "tracked",
+    "unhashable_lookup",
+    "unknown_state",
 ]
 
 _INF = math.inf
@@ -250,3 +257,38 @@ def check_annotations(attributes: object, trace_links: object) -> tuple[Any, ...
     if isinstance(trace_links, (str, bytes)) or not isinstance(trace_links, Iterable):
         raise TypeError(f"trace_links must be an iterable, got {trace_links!r}")
     return tuple(trace_links)
+
+
+def unhashable_lookup(
+    wd: Watchdog[Any], key: object, state: object
+) -> tuple[Slot | None, Rec | None]:
+    """``Watchdog.observe``'s look-ups when one raised TypeError: an unhashable state
+    is an unknown one; an unhashable key is refused."""
+    try:
+        slot = wd._slots.get(state)  # type: ignore[call-overload]
+    except TypeError:
+        slot = None
+    try:
+        return slot, wd._where.get(key)
+    except TypeError:
+        raise unhashable(key) from None
+
+
+def tracked(wd: Watchdog[Any], key: object) -> Rec | None:
+    """*key*'s record, or None if it is not tracked (lock held); an unhashable key is
+    refused. (``heartbeat`` inlines it: a call less per progress event.)"""
+    try:
+        return wd._where.get(key)
+    except TypeError:
+        raise unhashable(key) from None
+
+
+def unknown_state(wd: Watchdog[Any], key: object, state: object) -> None:
+    """``Watchdog.observe`` of a state the spec does not declare: refused
+    (``unknown_state="raise"``) or counted."""
+    if wd._options.unknown_state == "raise":
+        raise UnknownStateError(
+            wd._spec.name, key, state, tuple(s.label for s in wd._slots.values())
+        )
+    with wd._lock:
+        wd._unknown += 1

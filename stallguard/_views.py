@@ -1,19 +1,34 @@
-"""Read-only views of a watchdog: :meth:`Watchdog.snapshot`, and the internal
-consistency views its tests use. Each takes the watchdog's lock for a consistent view."""
+"""Read-only views of a watchdog: :meth:`Watchdog.snapshot`, :meth:`Watchdog.statistics`
+and :meth:`Watchdog.advice` (the class binds these functions as its methods), and the
+internal consistency views its tests use. Each takes the watchdog's lock for a consistent view."""
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._details import Snapshot, StateSummary, TrackedRequest
+from ._errors import StallguardError
 from ._fifo import Slot
 from ._validate import check_time
 
 if TYPE_CHECKING:
+    from ._advice import Advice
+    from ._stats import Statistics
     from ._watchdog import Watchdog
 
-__all__ = ["footprint", "in_time_order", "overdue", "snapshot"]
+__all__ = [
+    "advice",
+    "footprint",
+    "in_time_order",
+    "overdue",
+    "remembered",
+    "snapshot",
+    "statistics",
+]
+
+K = TypeVar("K", bound=Hashable)
 
 _INF = float("inf")
 
@@ -60,26 +75,63 @@ def _requests(wd: Watchdog[Any], now: float) -> tuple[TrackedRequest[Any], ...]:
     return tuple(tracked)
 
 
-def snapshot(wd: Watchdog[Any], requests: bool, now: float | None) -> Snapshot[Any]:
-    """:meth:`Watchdog.snapshot` (documented there)."""
+def snapshot(self: Watchdog[K], *, requests: bool = True, now: float | None = None) -> Snapshot[K]:
+    """A consistent view: per-state counts and oldest age, and (with *requests*)
+    every tracked request with its state and time in state. O(tracked).
+
+    Raises:
+        ClockError: if *now* is None and the clock returns something that is not a
+            finite time.
+    """
     if now is not None:
         now = check_time("now", now)
-    with wd._lock:
+    with self._lock:
         if now is None:
-            now = wd._read(wd._clock())
+            now = self._read(self._clock())
         return Snapshot(
-            spec=wd._spec.name,
-            mode=wd._mode,
+            spec=self._spec.name,
+            mode=self._mode,
             at=now,
-            states=_summaries(wd, now),
-            requests=_requests(wd, now) if requests else (),
-            tracked=len(wd._where),
-            expired=wd._expired,
-            hook_errors=wd._hook_errors,
-            late_events=wd._late,
-            runner_errors=wd._runner_errors,
-            withdrawn=wd._withdrawn,
+            states=_summaries(self, now),
+            requests=_requests(self, now) if requests else (),
+            tracked=len(self._where),
+            expired=self._expired,
+            hook_errors=self._hook_errors,
+            late_events=self._late,
+            runner_errors=self._runner_errors,
+            withdrawn=self._withdrawn,
         )
+
+
+def statistics(self: Watchdog[Any]) -> Statistics:
+    """A frozen, consistent copy of the time-in-state statistics: per state, the
+    seconds spent there by every request that left it (however short its stay), and
+    the requests its deadline fired (or, in report mode, would have fired) on. See
+    docs/advice.md.
+
+    Raises:
+        StallguardError: if the watchdog was made with ``statistics=False``.
+    """
+    with self._lock:
+        if self._stats is None:
+            raise StallguardError(
+                f"watchdog {self._spec.name!r} records no statistics (statistics=False)"
+            )
+        return self._stats.freeze(self._mode)
+
+
+def advice(self: Watchdog[Any], **kwargs: Any) -> Advice:
+    """Suggested deadlines from :meth:`statistics`, flagging tracked requests older
+    than a suggestion: :func:`stallguard.advise` with this watchdog's snapshot;
+    *kwargs* are :func:`~stallguard.advise`'s."""
+    from ._advice import advise  # the advice rule is not needed to watch requests
+
+    return advise(self.statistics(), snapshot=self.snapshot(requests=True), **kwargs)
+
+
+def remembered(wd: Watchdog[Any]) -> int:
+    """How many concluded keys are remembered (tests of the memory bound)."""
+    return len(wd._gone)
 
 
 def footprint(wd: Watchdog[Any]) -> dict[str, int]:

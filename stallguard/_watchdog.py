@@ -30,10 +30,14 @@ Design (docs/watchdog.md, "How it works", says more):
   the watchdog holds its lock. A ``BaseException`` raised by one of them interrupts the
   delivery; what is left of it is carried (``_carry``) to the next ``check()``.
 * Where the rest lives: the records and clocks (``Clock.push``, the one way an entry
-  is added) in ``_fifo``; delivery to hooks and listeners in ``_delivery``; the
-  ``guard`` decorator in ``_guard``; ``snapshot`` and the tests' views in ``_views``;
-  ``Expiry`` construction beside the class (``_details.new_expiry``); argument checks in
-  ``_validate``. This module keeps the tracking and the expiry decision.
+  is added) in ``_fifo``; delivery to hooks and listeners, ``add_listener``,
+  ``remove_listener`` and ``annotate`` in ``_delivery``; the ``guard`` decorator in
+  ``_guard``; ``snapshot``, ``statistics``, ``advice`` and the tests' views in
+  ``_views``; ``Expiry`` construction beside the class (``_details.new_expiry``);
+  argument checks and observe's rare paths (an unhashable or unknown state) in
+  ``_validate``. Public methods that live elsewhere are bound in the class body
+  (``annotate = _delivery.annotate``), their docstrings with them. This module keeps
+  the tracking and the expiry decision.
 * A watchdog keeps at most 29 instance attributes: CPython 3.11 keeps an instance's
   attributes in its class's shared-key table up to that many, and every attribute load
   is slower past it (tests/test_watchdog.py checks the count).
@@ -48,38 +52,34 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import _delivery, _guard, _registry, _views
 from ._delivery import Listener, Plan, describe_hook
-from ._details import Expiry, Mode, Snapshot, new_expiry
-from ._errors import ConfigError, StallguardError, UnknownStateError
-from ._fifo import CONCLUDED, DEAD, EXPIRED, NEW, Clock, Note, Rec, Slot, exact_due, pop_due
+from ._details import Expiry, Mode, new_expiry
+from ._errors import ConfigError
+from ._fifo import CONCLUDED, DEAD, EXPIRED, NEW, Clock, Rec, Slot, exact_due, pop_due
 from ._fifo import build as build_clocks
 from ._options import WatchdogOptions
 from ._options import resolve as resolve_options
 from ._spec import Spec, State
-from ._stats import Statistics, StatsRecorder
+from ._stats import StatsRecorder
 from ._validate import (
-    check_annotations,
     check_at,
     check_time,
     clock_reading,
     expire_hooks,
-    listener_args,
+    tracked,
     unhashable,
+    unhashable_lookup,
+    unknown_state,
 )
-
-if TYPE_CHECKING:
-    from ._advice import Advice
 
 __all__ = ["Listener", "Watchdog"]
 
 log = logging.getLogger("stallguard")
 
 K = TypeVar("K", bound=Hashable)
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _INF = math.inf
 #: where ``Watchdog._latest`` starts: below every finite reading, and not -inf (so that
@@ -227,57 +227,14 @@ class Watchdog(Generic[K]):
 
     # ------------------------------------------------------------------ listeners
 
-    def add_listener(
-        self,
-        *,
-        on_expire: Callable[[Expiry[K]], object] | None = None,
-        on_leave: Callable[[str, float], object] | None = None,
-        on_earlier_deadline: Callable[[], object] | None = None,
-    ) -> Listener:
-        """Listen to this watchdog; any number of listeners may listen at once.
-
-        Args:
-            on_expire: called with every :class:`~stallguard.Expiry`, in both modes,
-                after the watchdog's own ``on_expire`` (enforce mode) and before the
-                process-wide instrumentation hooks.
-            on_leave: called as ``on_leave(state_label, seconds_in_state)`` when a
-                tracked request leaves a state (state change, terminal state, forget,
-                enforced expiry); for duration histograms.
-            on_earlier_deadline: called without arguments when a deadline earlier than
-                any pending one appears (possibly on another thread); runners use it to
-                wake up early.
-
-        None of them is called while the watchdog holds its lock, so they may call back
-        into it. An exception they raise is logged and counted in
-        :attr:`~stallguard.Snapshot.hook_errors`, never propagated.
-
-        Returns:
-            A :class:`Listener` handle; ``handle.remove()`` stops it.
-
-        Raises:
-            ConfigError: if an argument is not callable, or none is given.
-        """
-        listener_args(
-            on_expire=on_expire, on_leave=on_leave, on_earlier_deadline=on_earlier_deadline
-        )
-        listener = Listener(self, on_expire, on_leave, on_earlier_deadline)
-        with self._lock:
-            _delivery.set_listeners(self, (*self._listeners, listener))
-        return listener
+    add_listener = _delivery.add_listener
 
     @property
     def listeners(self) -> tuple[Listener, ...]:
         """The listeners added with :meth:`add_listener` and not removed yet."""
         return self._listeners
 
-    def remove_listener(self, listener: Listener) -> bool:
-        """Stop calling *listener*. Returns False if it was not listening."""
-        with self._lock:
-            kept = tuple(x for x in self._listeners if x is not listener)
-            if len(kept) == len(self._listeners):
-                return False
-            _delivery.set_listeners(self, kept)
-            return True
+    remove_listener = _delivery.remove_listener
 
     # ------------------------------------------------------------------ state changes
 
@@ -313,9 +270,9 @@ class Watchdog(Generic[K]):
             slot = self._slots.get(state)
             rec = self._where.get(key)
         except TypeError:  # the state or the key is unhashable
-            slot, rec = self._lookup(key, state)
+            slot, rec = unhashable_lookup(self, key, state)
         if slot is None:
-            self._unknown_state(key, state)
+            unknown_state(self, key, state)
             return
         if rec is not None and rec.slot is slot:  # same state again: nothing to do
             if at is not None:
@@ -349,18 +306,6 @@ class Watchdog(Generic[K]):
             woke = self._next_due < pending
         if left is not None or woke:
             self._tell(left, woke)
-
-    def _lookup(self, key: K, state: object) -> tuple[Slot | None, Rec | None]:
-        """observe()'s look-ups when one raised TypeError: an unhashable state is an
-        unknown one; an unhashable key is refused."""
-        try:
-            slot = self._slots.get(state)  # type: ignore[call-overload]
-        except TypeError:
-            slot = None
-        try:
-            return slot, self._where.get(key)
-        except TypeError:
-            raise unhashable(key) from None
 
     def _unseen(self, key: K, slot: Slot) -> None:
         """An observe of *key*, untracked, in *slot* (lock held): a terminal first
@@ -497,10 +442,7 @@ class Watchdog(Generic[K]):
         """
         left: tuple[str, float] | None = None
         with self._lock:
-            try:
-                rec = self._where.get(key)
-            except TypeError:
-                raise unhashable(key) from None
+            rec = tracked(self, key)
             if rec is None:
                 if not remember:
                     self._gone.pop(key, None)
@@ -528,45 +470,7 @@ class Watchdog(Generic[K]):
             _delivery.notify_leave(self, left)
         return True
 
-    def annotate(
-        self,
-        key: K,
-        *,
-        attributes: Mapping[str, Any] | None = None,
-        trace_parent: Any = None,
-        trace_links: Iterable[Any] | None = None,
-    ) -> bool:
-        """Attach telemetry to a tracked request, handed to hooks in its
-        :class:`~stallguard.Expiry`: span *attributes*, a parent span context
-        (*trace_parent*: an OpenTelemetry ``Context`` or ``SpanContext``) and span
-        contexts to link. Attributes merge with earlier ones.
-
-        Returns:
-            True if *key* is tracked; annotations on untracked keys are dropped (they
-            would otherwise leak).
-
-        Raises:
-            TypeError: if *attributes* is not a mapping with string keys, *trace_links*
-                is not iterable, or *key* is not hashable.
-        """
-        links = check_annotations(attributes, trace_links)
-        with self._lock:
-            try:
-                rec = self._where.get(key)
-            except TypeError:
-                raise unhashable(key) from None
-            if rec is None:
-                return False
-            note = rec.note
-            if note is None:
-                note = rec.note = Note()
-            if attributes:
-                note.attributes.update(attributes)
-            if trace_parent is not None:
-                note.parent = trace_parent
-            if links is not None:
-                note.links = links
-            return True
+    annotate = _delivery.annotate
 
     # ------------------------------------------------------------------ deadlines
 
@@ -662,94 +566,21 @@ class Watchdog(Generic[K]):
 
     # ------------------------------------------------------------------ poll loops
 
-    def guard(
-        self,
-        *,
-        key: Callable[..., K],
-        failed: Any,
-        state: Callable[[Any], State] | Mapping[Any, State] | None = None,
-        check: bool = True,
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """Decorate a ``poll()``-style function or method that returns a state.
-
-        Each call observes the returned state for ``key(*args, **kwargs)`` (for a method,
-        the instance comes first); with *check* it then runs :meth:`check` (one
-        comparison when nothing is due). Once the key has been force-failed, the wrapper
-        returns *failed* instead of whatever the poll returned, every time it is called
-        (while the key is remembered). Terminal results untrack the key.
-
-        Args:
-            key: maps the call's arguments to the request key.
-            failed: what to return for a force-failed request (SGLang: ``KVPoll.Failed``).
-            state: maps the returned value to a spec state: a mapping or a callable
-                (SGLang's ``KVPoll`` returns plain ints). Default: the value itself.
-            check: run the deadline check on every call.
-
-        The wrapped poll raises :class:`~stallguard.UnknownStateError` for a value that
-        maps to no declared state (also an unhashable one).
-
-        Example::
-
-            @watchdog.guard(key=lambda self: self.room, failed=KVPoll.Failed,
-                            state={0: "Failed", 1: "Bootstrapping", 2: "WaitingForInput",
-                                   3: "Transferring", 4: "Success"})
-            def poll(self) -> int: ...
-        """
-        return _guard.guard(self, key, failed, state, check)
+    guard = _guard.guard
 
     # ------------------------------------------------------------------ operators
 
-    def snapshot(self, *, requests: bool = True, now: float | None = None) -> Snapshot[K]:
-        """A consistent view: per-state counts and oldest age, and (with *requests*)
-        every tracked request with its state and time in state. O(tracked).
-
-        Raises:
-            ClockError: if *now* is None and the clock returns something that is not a
-                finite time.
-        """
-        return _views.snapshot(self, requests, now)
-
-    def statistics(self) -> Statistics:
-        """A frozen, consistent copy of the time-in-state statistics: per state, the
-        seconds spent there by every request that left it (however short its stay), and
-        the requests its deadline fired (or, in report mode, would have fired) on. See
-        docs/advice.md.
-
-        Raises:
-            StallguardError: if the watchdog was made with ``statistics=False``.
-        """
-        with self._lock:
-            if self._stats is None:
-                raise StallguardError(
-                    f"watchdog {self._spec.name!r} records no statistics (statistics=False)"
-                )
-            return self._stats.freeze(self._mode)
-
-    def advice(self, **kwargs: Any) -> Advice:
-        """Suggested deadlines from :meth:`statistics`, flagging tracked requests older
-        than a suggestion: :func:`stallguard.advise` with this watchdog's snapshot;
-        *kwargs* are :func:`~stallguard.advise`'s."""
-        from ._advice import advise  # the advice rule is not needed to watch requests
-
-        return advise(self.statistics(), snapshot=self.snapshot(requests=True), **kwargs)
+    snapshot = _views.snapshot
+    statistics = _views.statistics
+    advice = _views.advice
 
     # ------------------------------------------------------------------ internals
 
-    def _remembered(self) -> int:
-        """How many concluded keys are remembered (for tests of the memory bound)."""
-        return len(self._gone)
-
-    def _footprint(self) -> dict[str, int]:
-        """Sizes of every internal structure (tests: nothing is left behind)."""
-        return _views.footprint(self)
-
-    def _in_time_order(self) -> bool:
-        """Whether every FIFO is in time order (tests)."""
-        return _views.in_time_order(self)
-
-    def _overdue(self, now: float) -> list[tuple[Any, str]]:
-        """Every (key, reason) with a live FIFO entry due at *now* (tests)."""
-        return _views.overdue(self, now)
+    # (tests)
+    _remembered = _views.remembered
+    _footprint = _views.footprint
+    _in_time_order = _views.in_time_order
+    _overdue = _views.overdue
 
     def _read(self, reading: Any) -> float:
         """The clock's *reading* as the watchdog's now (lock held): a finite number
@@ -771,14 +602,6 @@ class Watchdog(Generic[K]):
         with self._lock:
             now = self._read(self._clock())
         check_at(at, now)
-
-    def _unknown_state(self, key: K, state: object) -> None:
-        if self._options.unknown_state == "raise":
-            raise UnknownStateError(
-                self._spec.name, key, state, tuple(s.label for s in self._slots.values())
-            )
-        with self._lock:
-            self._unknown += 1
 
     def _runner_failed(self) -> None:
         """Count a runner loop that an error ended (called by the runner)."""
@@ -837,7 +660,7 @@ class Watchdog(Generic[K]):
                 )
                 append(expiry)
                 if stats is not None:
-                    stats.fired(rec.key, slot.state, enforce)
+                    stats.fired(rec.key, slot.state, enforce, clock.reason)
                 if enforce:
                     if slot.parked:
                         slot.parked.pop(rec, None)

@@ -19,8 +19,10 @@ specifier and its check), :func:`versions_line`, :func:`version_action`,
 :class:`OneLineParser`, :func:`one_line`, :func:`seconds_arg`, :func:`run_console`.
 
 Time in state on Prometheus: :data:`BOUNDS` and :data:`LADDER` (the statistics bucket
-layout), :func:`histogram_buckets`, :class:`StatisticsExporter`, and
-:func:`read_prometheus` (samples of a text exposition); :func:`toml_number` (a suggested
+layout), :func:`histogram_buckets`, :class:`StatisticsExporter` (with the core's counts
+of forced and reported expiries by state and reason), :func:`expiries_since` (those
+counts for an adapter that ships them elsewhere), and :func:`read_prometheus` (samples
+of a text exposition); :func:`toml_number` (a suggested
 deadline as a TOML value, as :meth:`stallguard.Advice.toml_lines` writes them).
 
 Nothing here imports an engine, prometheus_client or (until a check runs) packaging.
@@ -47,7 +49,13 @@ from ._adapters import (
 )
 from ._advice import read_prometheus, toml_number
 from ._lazy import lazy_attribute, lazy_names
-from ._prometheus import StatisticsExporter, add_to_histogram, histogram_buckets, ladder_counts
+from ._prometheus import (
+    StatisticsExporter,
+    add_to_histogram,
+    expiries_since,
+    histogram_buckets,
+    ladder_counts,
+)
 from ._stats import BOUNDS, LADDER
 from ._validate import did_you_mean, shorten
 from ._versions import VersionSupport, installed_version, release_of
@@ -96,6 +104,7 @@ __all__ = [
     "describe_exception",
     "did_you_mean",
     "env_enabled",
+    "expiries_since",
     "exposition_from_prometheus",
     "histogram_buckets",
     "installed_version",

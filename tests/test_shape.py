@@ -1,6 +1,6 @@
 """The code's shape, measured with radon (tools/shape.py; issue 23's targets): no block of
-the watchdog's modules or the adapters graded worse than C, and the figures the tool
-prints are the ones radon and the source give."""
+the watchdog's modules or the adapters graded worse than C, the Watchdog class at most
+600 lines, and the figures the tool prints are the ones radon and the source give."""
 
 from __future__ import annotations
 
@@ -59,4 +59,11 @@ def test_a_block_over_the_ceiling_fails_the_check(monkeypatch):
     monkeypatch.setattr(shape, "blocks", with_a_d)
     f = shape.figures()
     assert [b.name for b in f["over_ceiling"]] == ["tangled"]
+    assert shape.main(["--check"]) == 1
+
+
+def test_the_watchdog_is_at_most_600_lines_and_a_longer_one_fails_the_check(monkeypatch):
+    f = shape.figures()
+    assert f["watchdog_lines"] <= shape.WATCHDOG_LINES_TARGET, shape.report(f)
+    monkeypatch.setattr(shape, "watchdog_lines", lambda: shape.WATCHDOG_LINES_TARGET + 1)
     assert shape.main(["--check"]) == 1

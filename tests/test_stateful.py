@@ -21,6 +21,13 @@ After every step it asserts the documented guarantees:
 * every leave notification reaches the listeners exactly once: at once, or (after an
   interruption) by the next check;
 * ``len()``, ``in``, ``state_of()`` and ``snapshot()`` agree with the model;
+* with ``statistics=True``, the core counts each expiry once, by mode, state and reason:
+  after every check that was not interrupted, ``StateStatistics.forced`` (enforce) or
+  ``.reported`` (report) equal the expiries the checks returned (withdrawn ones
+  excluded), the other mode's counts are empty, and a ``StatisticsExporter`` exported
+  at random moments has added exactly those to its counters, once (plus, the one
+  documented excess, an expiry exported while an interrupted delivery carried it and
+  withdrawn after: counters only rise);
 * remembered keys stay bounded by ``memory``.
 
 ``HYPOTHESIS_PROFILE=long`` (tests/conftest.py) runs many more examples locally.
@@ -45,6 +52,7 @@ from hypothesis.stateful import (
 )
 
 import stallguard as sg
+from stallguard.adapters import StatisticsExporter
 from stallguard.instrumentation import set_on_expire_hooks
 from stallguard.testing import FakeClock
 
@@ -57,6 +65,39 @@ SPEC = sg.Spec(
 STATES = ["a", "b", "c", "d", "ok", "err"]
 KEYS = st.integers(0, 5)
 LAGS = st.sampled_from([None, None, 0.0, 0.5, 1.5])
+
+
+class FakeCounter:
+    """prometheus_client's ``Counter`` as the exporter uses it: ``labels(**l).inc(n)``."""
+
+    def __init__(self) -> None:
+        self.values: Counter[tuple[tuple[str, str], ...]] = Counter()
+
+    def labels(self, **labels: str) -> Any:
+        counter = self
+
+        class Child:
+            def inc(self, n: float = 1) -> None:
+                assert n > 0
+                counter.values[tuple(sorted(labels.items()))] += int(n)
+
+        return Child()
+
+    def by_state_reason(self) -> Counter[tuple[str, str]]:
+        out: Counter[tuple[str, str]] = Counter()
+        for labels, n in self.values.items():
+            got = dict(labels)
+            assert got.pop("lane") == "l0"
+            out[got["state"], got["reason"]] += n
+        return out
+
+
+class FakeHistogram:
+    def labels(self, **labels: str) -> Any:
+        return self
+
+    def observe(self, value: float) -> None:
+        pass
 
 
 class Interrupt(BaseException):
@@ -214,6 +255,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         # returns stallguard.CONCLUDED), and the expiries it withdrew so
         self.withdraw_next = False
         self.withdrawn: list[tuple[int, str, float]] = []
+        self.withdrawn_state: dict[tuple[int, str, float], str] = {}
+        # carried expiries an export may have counted before they were withdrawn
+        self.carried_at_export: set[tuple[int, str, float]] = set()
         self.withdrawn_undescribed = 0
         # the enforcement hook and the leave listener: what each should do on its next
         # call (None, "error", "interrupt"); the leave notifications heard (by a
@@ -222,14 +266,27 @@ class WatchdogMachine(RuleBasedStateMachine):
         self.leave_arm: str | None = None
         self.heard: Counter[tuple[str, float]] = Counter()
         self.checked_at: float | None = None  # the latest check's now
+        # (state label, reason) of every expiry a check returned (statistics=True)
+        self.returned: Counter[tuple[str, str]] = Counter()
+        self.forced_counter = FakeCounter()
+        self.reported_counter = FakeCounter()
+        self.exporter = StatisticsExporter(
+            FakeHistogram(),
+            labels={"lane": "l0"},
+            forced=self.forced_counter,
+            reported=self.reported_counter,
+        )
 
     @initialize(
         mode=st.sampled_from(["enforce", "report"]),
         memory=st.sampled_from([1, 3, 64]),
         lifetime=st.sampled_from([None, 12]),
         describe=st.booleans(),
+        statistics=st.booleans(),
     )
-    def start(self, mode: str, memory: int, lifetime: float | None, describe: bool) -> None:
+    def start(
+        self, mode: str, memory: int, lifetime: float | None, describe: bool, statistics: bool
+    ) -> None:
         set_on_expire_hooks([])  # no logging or spans: the listeners see everything
         spec = SPEC.evolve(lifetime=lifetime)
         self.model = Model(mode, memory, spec)
@@ -266,6 +323,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             if self.withdraw_next:
                 self.withdraw_next = False
                 self.withdrawn.append((expiry.key, expiry.reason, expiry.entered_at))
+                self.withdrawn_state[self.withdrawn[-1]] = expiry.state_label
                 if "described" not in expiry.attributes:
                     self.withdrawn_undescribed += 1
                 return sg.CONCLUDED
@@ -279,6 +337,7 @@ class WatchdogMachine(RuleBasedStateMachine):
             memory=memory,
             unknown_state="raise",
             describe=describe_key if describe else None,
+            statistics=statistics,
         )
         self.describing = describe
         # the recorder sees every expiry in both modes; the action may raise
@@ -397,6 +456,9 @@ class WatchdogMachine(RuleBasedStateMachine):
         assert returned == expected - set(self.withdrawn)
         assert not set(self.delivered[before:]) & set(self.withdrawn)
         self.carried = set()
+        self.returned.update((e.state_label, e.reason) for e in got)
+        if self.wd.options.statistics:
+            self._counted_once()
         if self.describing:  # describe ran once for every expiry, before every hook
             assert len(self.described) == len(self.delivered) + len(self.withdrawn)
             described = [key for key, attrs in self.attributes if "described" in attrs]
@@ -410,6 +472,45 @@ class WatchdogMachine(RuleBasedStateMachine):
                 assert attrs["k"] in (key, -1)
             elif "k" in attrs:
                 assert attrs["k"] == key  # annotated only
+
+    def _counted_once(self) -> None:
+        """The core's counts of expiries by state and reason are the expiries returned,
+        in the watchdog's mode (nothing is carried over: every expiry counted was
+        returned or withdrawn); the exporter adds them to its counters once."""
+        stats = self.wd.statistics()
+        counted = {"forced": Counter[tuple[str, str]](), "reported": Counter[tuple[str, str]]()}
+        for label, st_ in stats.states.items():
+            for kind in counted:
+                for reason, n in getattr(st_, kind).items():
+                    assert n > 0
+                    counted[kind][label, reason] += n
+        mine = "forced" if self.model.mode == "enforce" else "reported"
+        other = "reported" if mine == "forced" else "forced"
+        assert counted[mine] == self.returned
+        assert not counted[other]
+        self.exporter.export(stats)
+        self.exporter.export(self.wd.statistics())  # again: nothing new, nothing added
+        counter = self.forced_counter if mine == "forced" else self.reported_counter
+        excess = counter.by_state_reason()
+        excess.subtract(self.returned)
+        exported_then_withdrawn = Counter(
+            (self.withdrawn_state[w], w[1]) for w in self.withdrawn if w in self.carried_at_export
+        )
+        for key, n in excess.items():
+            assert 0 <= n <= exported_then_withdrawn[key], (key, n)
+        assert not (self.reported_counter if mine == "forced" else self.forced_counter).values
+
+    @precondition(lambda self: self.wd.options.statistics)
+    @rule()
+    def export(self) -> None:
+        """An export at any moment (also with expiries carried over) never adds more
+        than the returned and carried expiries."""
+        self.exporter.export(self.wd.statistics())
+        self.carried_at_export |= self.carried
+        total = sum(self.forced_counter.values.values()) + sum(
+            self.reported_counter.values.values()
+        )
+        assert total <= self.returned.total() + len(self.carried_at_export)
 
     def _withdrawn(self, start: int) -> None:
         """The model learns the expiries the enforcement hook withdrew: concluded, not

@@ -297,7 +297,7 @@ def deep_size(rec: StatsRecorder) -> int:
     size = sys.getsizeof(rec._reported) + sys.getsizeof(rec._hists)
     for h in rec._hists.values():
         size += sys.getsizeof(h.counts) + sum(sys.getsizeof(c) for c in h.counts)
-        size += sys.getsizeof(h.then)
+        size += sys.getsizeof(h.then) + sys.getsizeof(h.forced) + sys.getsizeof(h.reported)
     return size
 
 
@@ -312,7 +312,7 @@ def test_bounded_memory_after_a_million_requests():
         left, fired, ended = rec.left, rec.fired, rec.ended
         for key in range(start, stop):
             left("a", (key % 977) * 0.37)
-            fired(key, "b", False)
+            fired(key, "b", False, "state")
             ended(key, "ok")
 
     batch(0, 10_000)
@@ -324,6 +324,7 @@ def test_bounded_memory_after_a_million_requests():
     stats = rec.freeze("report")
     assert stats.states["a"].count == 1_000_000
     assert stats.states["b"].fired == stats.states["b"].fired_completed == 1_000_000
+    assert stats.states["b"].reported == {"state": 1_000_000}
 
     set_on_expire_hooks([])
     clock = FakeClock()

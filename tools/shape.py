@@ -3,14 +3,16 @@
 
     .venv/bin/python tools/shape.py           print the figures (exit 0)
     .venv/bin/python tools/shape.py --check   exit 1 if a block of the watchdog modules
-                                              or the adapters is graded worse than C
+                                              or the adapters is graded worse than C, or
+                                              the Watchdog class is over 600 lines
 
 Figures: the ``Watchdog`` class's length in lines (target: about 600 or fewer), the
 worst cyclomatic-complexity blocks of the watchdog's modules (the hot path: target, none
 above grade C), the average complexity of the core, of the watchdog's modules and of
 each adapter (the anchors: 2-2.7), and the maintainability index of ``_watchdog.py``.
 A missed target is printed as missed, with its figure (docs/performance.md records
-them); ``--check`` enforces only the grade ceiling, which holds.
+them); ``--check`` enforces the grade ceiling and, since it was met (586 lines on
+2026-12-03), the Watchdog's length.
 """
 
 from __future__ import annotations
@@ -118,10 +120,17 @@ def report(f: dict[str, object]) -> list[str]:
     return out
 
 
+def too_long(f: dict[str, object]) -> bool:
+    """Whether the Watchdog class is longer than its target."""
+    lines_ = f["watchdog_lines"]
+    assert isinstance(lines_, int)
+    return lines_ > WATCHDOG_LINES_TARGET
+
+
 def main(argv: list[str]) -> int:
     f = figures()
     print("\n".join(report(f)))
-    if "--check" in argv and f["over_ceiling"]:
+    if "--check" in argv and (f["over_ceiling"] or too_long(f)):
         return 1
     return 0
 

@@ -68,3 +68,63 @@ def test_export_equals_the_recorder_at_every_bound(batches):
         key_ = (f"{STATE_SECONDS}_sum", label, "")
         added = after.get(key_, 0) - before.get(key_, 0)
         assert math.isclose(added, d.total, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def failures(kind: str, backend: str) -> dict[tuple[str, str], float]:
+    """(state, reason) -> value of the adapter's forced/reported counter for *backend*."""
+    from stallguard_sglang import _metrics
+
+    counters = _metrics.failure_counters()
+    assert counters is not None
+    out = {}
+    for family in counters[kind].collect():
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name.endswith("_total") and labels.get("backend") == backend:
+                assert labels["queue"] == "inflight"
+                out[labels["state"], labels["reason"]] = sample.value
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    mode=st.sampled_from(["enforce", "report"]),
+    rounds=st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=6),
+)
+def test_the_counters_are_the_cores_counts_current_after_each_check(mode, rounds):
+    """sglang:stallguard_forced_failures_total / _stalls_reported_total are the core's
+    counts of expiries by state and reason (a withdrawn one not counted), exported at
+    once after a check that expired something, each expiry once."""
+    clock = FakeClock()
+    spec = sg.Spec(
+        "sglang.inflight.counts",
+        {"Bootstrapping": 1, "Transferring": sg.Deadline(seconds=5, stall=2)},
+        terminal=("Success", "Failed"),
+    )
+    backend = f"counts-{mode}-{id(rounds)}"
+    wd: sg.Watchdog[int] = sg.Watchdog(
+        spec,
+        clock=clock,
+        mode=mode,
+        statistics=True,
+        on_expire=lambda e: sg.CONCLUDED if e.key % 2 else None,  # odd keys withdrawn
+    )
+    lane = LaneStats(wd, "inflight", backend, 0, clock)
+    kind = "forced" if mode == "enforce" else "reported"
+    delivered: dict[tuple[str, str], float] = {}
+    key = 0
+    for n, transferring in rounds:
+        for _ in range(n):
+            key += 1
+            wd.observe(key, "Transferring" if transferring else "Bootstrapping")
+        clock.advance(3)
+        lane.tick(clock())  # the export period is used up: only an expiry exports now
+        expired = wd.check()
+        for e in expired:
+            delivered[e.state_label, e.reason] = delivered.get((e.state_label, e.reason), 0) + 1
+        lane.tick(clock(), expired)
+        assert failures(kind, backend) == delivered  # current after the check
+        lane.tick(clock(), expired)  # again: nothing new, nothing added
+        assert failures(kind, backend) == delivered
+    other = "reported" if kind == "forced" else "forced"
+    assert failures(other, backend) == {}

@@ -341,19 +341,7 @@ class _DecodeGuard(QueueMembership):
         """Enroll what joined *queue* since the last call, then check deadlines once."""
         self.sync(queue)
         now = self.clock()
-        expiries = self.wd.check(now)
-        self._export(now)
-        if expiries and self.wd.mode == "report":
-            for expiry in expiries:
-                key = expiry.key
-                _metrics.count(
-                    "reported",
-                    self.kind,
-                    key.backend,
-                    expiry.state_label,
-                    self.metric_labels,
-                    expiry.reason,
-                )
+        self._export(now, self.wd.check(now))
 
     def idle(self) -> None:
         """The queue is empty and nothing is enrolled: export what its last requests
@@ -362,9 +350,10 @@ class _DecodeGuard(QueueMembership):
         if self.stats is not None:
             self._export(self.clock())
 
-    def _export(self, now: float) -> None:
-        """Time in state to /metrics, about once a second (labels: queue ``prealloc`` /
-        ``transfer``, as on the counters; the backend of its requests)."""
+    def _export(self, now: float, expired: object = ()) -> None:
+        """Time in state to /metrics, about once a second, and the counts of expiries
+        at once after a check that *expired* something (labels: queue ``prealloc`` /
+        ``transfer``; the backend of its requests)."""
         stats = self.stats
         if stats is None:
             if self.backend is None:
@@ -377,7 +366,7 @@ class _DecodeGuard(QueueMembership):
                 self.clock,
                 self.metric_labels,
             )
-        stats.tick(now)
+        stats.tick(now, expired)
 
     # ------------------------------------------------------------------ membership
 
@@ -465,14 +454,6 @@ class _DecodeGuard(QueueMembership):
         if self.quarantine is not None:
             self.forced[id(entry.dreq)] = (entry.dreq, entry.backend)
         fail_receiver(entry.receiver, reason)
-        _metrics.count(
-            "forced",
-            self.kind,
-            entry.backend,
-            expiry.state_label,
-            self.metric_labels,
-            expiry.reason,
-        )
         return None
 
     def _rekey(self, entry: _Entry) -> None:

@@ -51,7 +51,6 @@ from typing import Any, Literal
 
 from stallguard import CONCLUDED, Deadline, Expiry, Spec, Watchdog
 
-from . import _metrics
 from ._kvpoll import FAILED, KVPOLL, LIVE, SUCCESS, TERMINAL_STATES, WAITING
 from ._profiles import (
     PROFILES,
@@ -160,19 +159,6 @@ class Lane:
             # a terminal state untracks the request; the core never starts a state
             # before the one it ends, nor before the request's enrollment
             wd.observe(entry, KVPOLL[state], at=at)
-
-    def on_reported(self, expiry: Expiry[Any]) -> None:
-        """Count a report-mode expiry (nothing is failed): the watchdog's expiry
-        listener in report mode."""
-        guard = self.guard
-        _metrics.count(
-            "reported",
-            guard.kind,
-            self.backend,
-            expiry.state_label,
-            guard.metric_labels,
-            expiry.reason,
-        )
 
 
 def describe_entry(entry: Any) -> dict[str, Any]:
@@ -410,8 +396,6 @@ class QueueGuard(QueueMembership):
                 describe=describe_entry,
             )
             lane = Lane(self, backend, PROFILES[backend], wd)
-            if wd.mode == "report":
-                wd.add_listener(on_expire=lane.on_reported)
             self.checks = (*self.checks, lane)
         self.lanes[backend] = lane
         return lane
@@ -438,8 +422,9 @@ class QueueGuard(QueueMembership):
         self.sync(queue)
         for lane in self.checks:
             now = lane.clock()
-            lane.wd.check(now)  # enforce: QueueGuard.on_expire fails what is overdue
-            lane.stats.tick(now)  # time in state to /metrics, about once a second
+            expired = lane.wd.check(now)  # enforce: QueueGuard.on_expire fails them
+            # time in state to /metrics about once a second; the expiries' counts at once
+            lane.stats.tick(now, expired)
 
     # ------------------------------------------------------------------ membership
 
@@ -554,14 +539,6 @@ class QueueGuard(QueueMembership):
             _fail_common(entry.mgr, entry.room, reason)
         else:
             entry.sender.conclude_state = FAILED
-        _metrics.count(
-            "forced",
-            self.kind,
-            lane.backend,
-            expiry.state_label,
-            self.metric_labels,
-            expiry.reason,
-        )
         return None
 
 

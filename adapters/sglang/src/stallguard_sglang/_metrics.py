@@ -12,6 +12,10 @@ would silently drop SGLang's own tokenizer metrics from ``/metrics``.
 Without metrics enabled (no ``PROMETHEUS_MULTIPROC_DIR``) the counters live in the
 process's default registry, unseen and harmless.
 
+The counts are the core's (``StateStatistics.forced`` / ``.reported``: each expiry once,
+less those withdrawn), added by each lane's exporter (``_stats_export``); this module
+names the counters.
+
 Labels: ``queue``, ``backend``, ``state`` and ``reason`` (the adapter's own; ``reason``
 is which limit fired: ``state`` for a state deadline, ``stall`` for a progress window,
 ``lifetime`` for a lifetime, as on the expiry's span), then the labels SGLang's
@@ -39,7 +43,7 @@ __all__ = [
     "QUARANTINED_PAGES",
     "QUARANTINE_LABELS",
     "STALLS_REPORTED",
-    "count",
+    "failure_counters",
     "prepare",
     "scheduler_labels",
     "set_quarantined",
@@ -120,29 +124,11 @@ def prepare(sglang_labels: Mapping[str, str]) -> dict[str, str]:
     return {name: str(sglang_labels.get(name, "")) for name in _sglang_names}
 
 
-def count(
-    kind: str,
-    queue: str,
-    backend: str,
-    state: str,
-    sglang_labels: Mapping[str, str],
-    reason: str = "state",
-) -> None:
-    """Add one to the ``kind`` (``"forced"`` or ``"reported"``) counter; *reason* is the
-    expiry's (``state``, ``stall`` or ``lifetime``)."""
-    counters = _counters if _counters is not None else _create()
-    if counters is None:
-        return
-    try:
-        counters[kind].labels(
-            queue=queue,
-            backend=backend,
-            state=state,
-            reason=reason,
-            **{name: sglang_labels.get(name, "") for name in _sglang_names},
-        ).inc()
-    except Exception:  # a metrics problem must never break the scheduler loop
-        log.exception("stallguard-sglang: could not count a %s expiry", kind)
+def failure_counters() -> dict[str, Any] | None:
+    """The two counters (``"forced"``, ``"reported"``), created if not yet (None when
+    they cannot be): what a lane's ``StatisticsExporter`` adds the core's counts of
+    expiries to (``_stats_export.LaneStats``)."""
+    return _counters if _counters is not None else _create()
 
 
 def sglang_label_names() -> tuple[str, ...]:

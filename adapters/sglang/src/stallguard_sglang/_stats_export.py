@@ -26,8 +26,11 @@ for why):
   report mode, requests reported overdue that then completed (``Success``): the would-be
   false positives.
 
-The requests the deadline fired on are the adapter's existing counters
-(``sglang:stallguard_forced_failures_total``, ``..._stalls_reported_total``).
+The expiries are the adapter's counters (``sglang:stallguard_forced_failures_total``,
+``..._stalls_reported_total``, named in ``_metrics.py``), added by the same exporter from
+the core's counts (``StateStatistics.forced`` / ``.reported``, by state and reason): at
+the export period, and at once after a check that expired something
+(:meth:`LaneStats.tick`).
 
 Cost: the recording is the core's (a bucket lookup per state change); the export
 (``stallguard.adapters.StatisticsExporter``) runs once a second per lane (a copy and a
@@ -177,9 +180,11 @@ class LaneStats:
         self._due = -math.inf
         self._exporter: StatisticsExporter | None = None
 
-    def tick(self, now: float) -> None:
-        """Export if :data:`EXPORT_PERIOD` passed since the last export (queue loop)."""
-        if now >= self._due:
+    def tick(self, now: float, expired: object = ()) -> None:
+        """Export if :data:`EXPORT_PERIOD` passed since the last export, or at once
+        after a check that *expired* something (its result), so that the counters of
+        expiries are current after every check (queue loop)."""
+        if expired or now >= self._due:
             self._due = now + EXPORT_PERIOD
             self.export()
 
@@ -187,20 +192,33 @@ class LaneStats:
         """Add what was recorded since the last export to the Prometheus metrics."""
         exporter = self._exporter
         if exporter is None:
-            metrics = _created if _created is not None else _create()
-            if metrics is None:
+            exporter = self._exporter = self._create_exporter()
+            if exporter is None:
                 return
-            labels = {"queue": self.queue, "backend": self.backend}
-            labels.update((name, str(self.labels.get(name, ""))) for name in _extra)
-            exporter = self._exporter = StatisticsExporter(
-                metrics["seconds"],
-                labels=labels,
-                deadline=metrics["deadline"],
-                completed=metrics["completed"],
-                oldest=metrics["oldest"],
-            )
         wd = self.wd
         try:
             exporter.export(wd.statistics(), wd.snapshot(requests=False))
         except Exception:  # a metrics problem must never break the scheduler loop
             log.exception("stallguard-sglang: could not export time-in-state metrics")
+
+    def _create_exporter(self) -> StatisticsExporter | None:
+        metrics = _created if _created is not None else _create()
+        counters = _metrics.failure_counters()
+        if metrics is None:
+            return None
+        labels = {"queue": self.queue, "backend": self.backend}
+        failure_labels = dict(labels)
+        labels.update((name, str(self.labels.get(name, ""))) for name in _extra)
+        failure_labels.update(
+            (name, str(self.labels.get(name, ""))) for name in _metrics.sglang_label_names()
+        )
+        return StatisticsExporter(
+            metrics["seconds"],
+            labels=labels,
+            deadline=metrics["deadline"],
+            completed=metrics["completed"],
+            oldest=metrics["oldest"],
+            forced=None if counters is None else counters["forced"],
+            reported=None if counters is None else counters["reported"],
+            failure_labels=failure_labels,
+        )

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallguard import Hold, Quarantine, Spec, Watchdog
-from stallguard.adapters import BOUNDS, LADDER
+from stallguard.adapters import BOUNDS, LADDER, expiries_since
 
 from ._config import Config
 
@@ -159,6 +159,7 @@ class PhaseTracker:
                 clock=clock,
                 mode="report",
                 memory=1 << 16,
+                statistics=True,  # its expiries' counts (take_counts)
             )
         # Report-only: a request without blocks cannot be failed from a connector.
         self.queue: Watchdog[str] = Watchdog(
@@ -176,12 +177,15 @@ class PhaseTracker:
         self._shipped: tuple[tuple[str, int, int, int, int], ...] = ()
         #: rid -> (peer engine id, blocks, bytes) of each request in Receiving
         self._memory: dict[str, tuple[str, int, int]] = {}
-        #: (kind, phase) -> count, kind ``"forced"``, ``"reported"`` or
-        #: ``"quarantine_overdue"``; since start.
-        self.counts: Counter[tuple[str, str]] = Counter()
-        #: (kind, phase, reason) -> count since the last :meth:`take_counts` (what the
-        #: metrics export; reason: the expiry's, ``state`` or ``stall``).
-        self._unexported: Counter[tuple[str, str, str]] = Counter()
+        #: quarantine holds escalated (past the Quarantined deadline), since start, and
+        #: those not yet taken by :meth:`take_counts` (the expiries' counts are the
+        #: core's: ``StateStatistics.forced`` / ``.reported``)
+        self._overdue = 0
+        self._overdue_sent = 0
+        #: per watchdog: its expiries' counts already taken (``expiries_since``)
+        self._sent: dict[str, dict[tuple[str, str, str], int]] = {}
+        #: a check returned expiries since the last take_counts (else it has none)
+        self._expired = False
         #: per phase: ladder-bucket counts and sum already exported (take_stays)
         self._stays_sent: dict[str, tuple[list[int], float]] = {}
         self._stays_due = -float("inf")
@@ -260,24 +264,21 @@ class PhaseTracker:
         two clock reads and two comparisons."""
         if now is None:
             now = self.clock()
-        for expiry in self.queue.check(now):
-            self._count("reported", QUEUED, expiry.reason)
-        for _ in self.quarantine.check(now):
-            self._count("quarantine_overdue", QUARANTINED, "state")
-        if self.holds is not None:
-            for expiry in self.holds.check(now):
-                self._count("reported", HELD_FOR_READ, expiry.reason)
+        if self.queue.check(now):
+            self._expired = True
+        self._overdue += len(self.quarantine.check(now))
+        if self.holds is not None and self.holds.check(now):
+            self._expired = True
         expiries = self.transfers.check(now)
         if not expiries:
             return _NO_ORDERS
+        self._expired = True
+        if not self.enforce:
+            return _NO_ORDERS
         fail: set[str] = set()
         release: set[str] = set()
-        kind = "forced" if self.enforce else "reported"
         for expiry in expiries:
             phase = str(expiry.state)
-            self._count(kind, phase, expiry.reason)
-            if not self.enforce:
-                continue
             rid = expiry.key
             if phase == RECEIVING:
                 fail.add(rid)  # the client's error now; the blocks stay (quarantine)
@@ -292,10 +293,37 @@ class PhaseTracker:
 
     def take_counts(self) -> Counter[tuple[str, str, str]]:
         """The counts since the last call, ``(kind, phase, reason) -> n`` (for vLLM's
-        connector stats), then reset."""
-        out = self._unexported
-        self._unexported = Counter()
+        connector stats): the watchdogs' forced and reported expiries (the core's
+        counts), and ``("quarantine_overdue", "Quarantined", "state")``. Cheap when
+        nothing expired since the last call."""
+        out: Counter[tuple[str, str, str]] = Counter()
+        if self._expired:
+            self._expired = False
+            for wd in self._watchdogs():
+                sent = self._sent.setdefault(wd.spec.name, {})
+                out.update(expiries_since(wd.statistics(), sent))
+        if self._overdue > self._overdue_sent:
+            out["quarantine_overdue", QUARANTINED, "state"] = self._overdue - self._overdue_sent
+            self._overdue_sent = self._overdue
         return out
+
+    @property
+    def counts(self) -> Counter[tuple[str, str]]:
+        """``(kind, phase) -> n`` since start, kind ``"forced"``, ``"reported"`` (the
+        watchdogs' expiries, the core's counts) or ``"quarantine_overdue"``."""
+        out: Counter[tuple[str, str]] = Counter()
+        for wd in self._watchdogs():
+            for label, st in wd.statistics().states.items():
+                for kind, by_reason in (("forced", st.forced), ("reported", st.reported)):
+                    if by_reason:
+                        out[kind, label] += sum(by_reason.values())
+        if self._overdue:
+            out["quarantine_overdue", QUARANTINED] = self._overdue
+        return out
+
+    def _watchdogs(self) -> tuple[Watchdog[str], ...]:
+        holds = () if self.holds is None else (self.holds,)
+        return (self.queue, self.transfers, *holds)
 
     def take_stays(self, now: float | None = None) -> list[list[Any]] | None:
         """Time in state for the metrics, at most once per ``EXPORT_PERIOD`` (1 s): one
@@ -363,10 +391,6 @@ class PhaseTracker:
             nbytes=nbytes,
             attributes={GEN_AI_REQUEST_ID: rid, "vllm.request_id": rid, **self.attributes},
         )
-
-    def _count(self, kind: str, phase: str, reason: str) -> None:
-        self.counts[(kind, phase)] += 1
-        self._unexported[(kind, phase, reason)] += 1
 
     def _annotate(
         self,
