@@ -341,3 +341,22 @@ def test_tp_servers_bind_one_core_per_rank() -> None:
     argv = two.server_argv("decode")
     assert argv.count("--tp") == 1
     assert argv[argv.index("--tp") + 1] == "2"
+
+
+def test_the_verdict_expects_one_forced_failure_per_tp_rank() -> None:
+    """With --tp 2 both ranks fail the request at once and each counts it under its own
+    tp_rank (the rig sums the series): 2 is right there, 1 is right at --tp 1."""
+
+    def results(tp: int, forced: float) -> dict[str, object]:
+        ok = [{"status": 200}]
+        arm = {
+            "errors": [],
+            "requests": {"warmup": ok, "healthy_before": ok, "healthy_after": ok},
+            "fault": {"observation": {"inflight": 0, "forced": forced}, "client": {"status": 500}},
+            "events": {"forced_s": 12.0, "inflight_from_s": 3.0},
+        }
+        return {"deadline_s": 10.0, "tp": tp, "arms": {"with": arm}}
+
+    assert rig.verdict(results(1, 1)) == []
+    assert rig.verdict(results(2, 2)) == []
+    assert rig.verdict(results(2, 1)) and rig.verdict(results(1, 2))

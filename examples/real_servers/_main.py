@@ -736,7 +736,9 @@ def verdict(results: dict[str, Any]) -> list[str]:
     if g and not g["errors"]:
         obs = g["fault"].get("observation", {})
         ev = g["events"]
-        if obs.get("inflight") != 0 or obs.get("forced") != 1:
+        # every TP rank fails the request, together, and counts it under its own
+        # ``tp_rank`` label (as SGLang counts its own transfer failures): the sum is tp
+        if obs.get("inflight") != 0 or obs.get("forced") != results.get("tp", 1):
             bad.append(
                 f"with: at the observation point inflight={obs.get('inflight')} "
                 f"forced={obs.get('forced')}"
