@@ -42,7 +42,7 @@ decode"). ``--omp-bind auto`` runs with vLLM's default, to see it.
 
     python -m examples.real_vllm [--out DIR] [--deadline S] [--arms without,with]
 
-Needs ``.venv-vllmcpu`` (``python3 tools/dev.py env``). Exit status 0 when every check of
+Needs ``.venv-vllmcpu`` (``python3 tools/dev.py env-real-vllm``). Exit status 0 when every check of
 every arm holds, 1 otherwise.
 """
 
@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if not PYTHON.exists():
-        print(f"{PYTHON} is missing: `python3 tools/dev.py env` builds .venv-vllmcpu")
+        print(f"{PYTHON} is missing: `python3 tools/dev.py env-real-vllm` builds .venv-vllmcpu")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
