@@ -203,6 +203,8 @@ VLLMCPU_DEPS = [
     "setuptools==78.1.1",
     "numba==0.65.0",
     "intel-openmp==2024.2.1",
+    # xgrammar's own dependencies but `triton` (it is installed --no-deps)
+    "apache-tvm-ffi>=0.1.11",
     # the editable installs' build backend (--no-build-isolation)
     "hatchling",
     "editables",
