@@ -15,7 +15,7 @@ only when the READ ends, not at the deadline: vLLM's executor holds the failure 
 (strict xfail below, and docs/vllm.md).
 
 Needs .venv-vllmcpu (``python3 tools/dev.py env-real-vllm``); skipped, saying so, without it.
-About 7-8.5 minutes on 2 busy cores (two pairs started one after the other, 80-260 s
+About 6-8.5 minutes on 2 busy cores (two pairs started one after the other, 80-260 s
 each): over the suite's budget, so **opt-in**:
 ``STALLGUARD_REAL_VLLM=1 python3 tools/dev.py test tests/test_real_vllm.py``.
 """
@@ -51,7 +51,7 @@ def _environment_problem() -> str | None:
 
 if os.environ.get(OPT_IN) != "1":
     PROBLEM: str | None = (
-        f"opt-in: set {OPT_IN}=1 (two real vllm serve pairs take 7-8.5 minutes, over the "
+        f"opt-in: set {OPT_IN}=1 (two real vllm serve pairs take 6-8.5 minutes, over the "
         "suite's budget; docs/vllm.md)"
     )
 else:
