@@ -252,6 +252,12 @@ def run_decode(conn: Connection, spec: dict) -> None:
                 return
             # the next request: the allocator's next slot (the victim's if it was freed)
             host = side.host
+            # what landed before the owner writes: bytes the prefill had sent before it
+            # stopped keep landing for a moment after (socket buffers, the receiver's
+            # thread: 1.2 MB of a Mooncake WRITE once), and the owner's pattern would
+            # hide them from both this count and ``overwritten``
+            r["landed_at_freeze"] = r["landed"]
+            r["landed"] = room_bytes(r["room"], r["pages"])
             victim_free = r["slot"] in host.free
             owner = r["slot"] if victim_free else host.free[0]
             host.free.remove(owner)
@@ -351,6 +357,9 @@ class ThawResult:
     warm_verified: int = 0  # bytes of the warm-up room that arrived right
     #: warm-up rooms failed (connection set-up past the deadline on a busy machine)
     warm_failed: list[str] = field(default_factory=list)
+    #: bytes of the victim's WRITE in its pages before the thaw: what the prefill sent
+    #: before it stopped (read when the next owner takes memory: some of it lands only
+    #: after the stop, from the socket buffers)
     landed_before_freeze: int = 0
     failed_after_s: float | None = None  # freeze -> the victim's error
     reason: str = ""
