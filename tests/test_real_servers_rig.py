@@ -360,3 +360,23 @@ def test_the_verdict_expects_one_forced_failure_per_tp_rank() -> None:
     assert rig.verdict(results(1, 1)) == []
     assert rig.verdict(results(2, 2)) == []
     assert rig.verdict(results(2, 1)) and rig.verdict(results(1, 2))
+
+
+def test_the_fault_matrix_s_observation_is_retried_unless_the_server_is_frozen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from examples.real_servers import _faults
+
+    nan = math.nan
+    rows = iter([{"t": 1.0, "prefill.inflight": nan}, {"t": 2.0, "prefill.inflight": 0.0}])
+    monkeypatch.setattr(_faults, "scrape", lambda arm, t0: next(rows))
+    monkeypatch.setattr(_faults.time, "sleep", lambda s: None)
+    prefill = FakeDecode()
+    prefill.frozen = False  # type: ignore[attr-defined]
+    arm = SimpleNamespace(servers=SimpleNamespace(procs={"prefill": prefill}))
+    assert _faults.scrape_read(arm, 0.0, "prefill.inflight")["t"] == 2.0  # type: ignore[arg-type]
+    prefill.frozen = True  # type: ignore[attr-defined]
+    monkeypatch.setattr(_faults, "scrape", lambda arm, t0: {"t": 3.0, "prefill.inflight": nan})
+    assert _faults.scrape_read(arm, 0.0, "prefill.inflight")["t"] == 3.0  # type: ignore[arg-type]

@@ -262,9 +262,26 @@ def observe(
             rec["entry_s"] = row["t"]
             window.end(arm.name, min(t0 + row["t"] + deadline + 15, t0 + 3 * at_least + 60))
         time.sleep(1.0)
-    obs = scrape(arm, t0)
+    obs = scrape_read(arm, t0, f"{server}.{key}")
     obs["clients_waiting"] = float(sum(c.waiting() for c in clients))
     rec["observation"] = obs
+
+
+def scrape_read(arm: Arm, t0: float, key: str, limit: float = 30.0) -> dict[str, float]:
+    """A scrape whose *key* was read (a busy server's ``/metrics`` can miss the 2 s
+    scrape timeout: the observation of ``decode_frozen/with`` read NaN once, quiet
+    machine), retried for up to *limit* s; a frozen server's page stays NaN."""
+    deadline = time.monotonic() + limit
+    row = scrape(arm, t0)
+    server = key.split(".", 1)[0]
+    while (
+        math.isnan(row.get(key, math.nan))
+        and not arm.servers.procs[server].frozen
+        and time.monotonic() < deadline
+    ):
+        time.sleep(1.0)
+        row = scrape(arm, t0)
+    return row
 
 
 def after_fault(arm: Arm, t0: float, clients: list[Client], rec: dict[str, Any]) -> None:
@@ -278,7 +295,7 @@ def after_fault(arm: Arm, t0: float, clients: list[Client], rec: dict[str, Any])
     rec["clients"] = [c.outcome() for c in clients]
     rec["healthy_after"] = [small(arm, n) for n in (16, 512)]
     time.sleep(2)
-    rec["final"] = scrape(arm, t0)
+    rec["final"] = scrape_read(arm, t0, "prefill.inflight")
 
 
 # --------------------------------------------------------------------------- the faults
