@@ -370,21 +370,30 @@ class EnvReader:
         return seconds
 
 
-def versions_line(adapter: str, engine: str, engine_label: str, supported: str) -> str:
+def versions_line(
+    adapter: str,
+    engine: str,
+    engine_label: str,
+    supported: str,
+    *,
+    engine_version: str | None = None,
+) -> str:
     """``"<adapter> X (stallguard Y; <engine_label> Z, supported S)"``, from the installed
     distributions' metadata (``not installed`` for a missing one): what an adapter's
-    ``--version`` prints."""
-    from importlib.metadata import PackageNotFoundError, version
+    ``--version`` prints. *engine_version*, if given, is the engine's version (found
+    under another distribution name, :class:`VersionSupport`'s *also*) instead of
+    *engine*'s metadata."""
+    from ._versions import installed_version
 
-    def of(dist: str) -> str:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return "not installed"
+    def of(version: str | None) -> str:
+        return version if version is not None else "not installed"
 
+    if engine_version is None:
+        engine_version = installed_version(engine)
     return (
-        f"{adapter} {of(adapter)} (stallguard {of('stallguard')}; "
-        f"{engine_label} {of(engine)}, supported {supported})"
+        f"{adapter} {of(installed_version(adapter))} "
+        f"(stallguard {of(installed_version('stallguard'))}; "
+        f"{engine_label} {of(engine_version)}, supported {supported})"
     )
 
 

