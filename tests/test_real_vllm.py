@@ -10,9 +10,8 @@ step, so the decode's READ goes to a frozen peer. The "without" arm (vLLM's
 doing, not something vLLM or the rig would have done anyway. The "with" arm
 (``StallguardNixlConnector`` named with ``kv_connector_module_path``, as docs/vllm.md
 tells users) must report it failed at the deadline, once, its blocks quarantined until
-the thaw; healthy requests before, during and after are answered. The client is told
-only when the READ ends, not at the deadline: vLLM's executor holds the failure back
-(strict xfail below, and docs/vllm.md).
+the thaw, and the client must get its error within 5 s of the deadline, while the READ
+is still in flight; healthy requests before, during and after are answered.
 
 Needs .venv-vllmcpu (``python3 tools/dev.py env-real-vllm``); skipped, saying so, without it.
 About 6-8.5 minutes on 2 busy cores (two pairs started one after the other, 80-260 s
@@ -119,18 +118,13 @@ def test_with_stallguard_the_failure_is_ordered_at_its_deadline(
         assert c[name], f"{name}: {_explain(res)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM's MultiprocExecutor passes failed_recving to the scheduler only with the "
-    "request's finished_recving (KVOutputAggregator.aggregate, distributed/kv_transfer/"
-    "kv_connector/utils.py:169-172 in 0.32.0, 180-183 in 0.33.0): stallguard's failure "
-    "without finished_recving (blocks kept for the late READ) reaches the client only when "
-    "the READ ends. docs/vllm.md, 'vLLM 0.32 as real servers'",
-)
 def test_with_stallguard_the_client_is_answered_at_the_deadline(
     arms: dict[str, dict[str, Any]],
 ) -> None:
-    """The goal: the client's error within 5 s of the deadline, before the thaw."""
+    """The client's error within 5 s of the deadline, before the thaw: through the
+    multiprocess executor's KVOutputAggregator, which holds a bare failed_recving back
+    until the READ ends (the defect of 2026-12-03), the failure goes as the request's
+    blocks failing to load."""
     res = arms["with"]
     assert res["client_answered_at_the_deadline"], _explain(res)
 

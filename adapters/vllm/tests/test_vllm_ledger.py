@@ -12,6 +12,9 @@ Promises tried (docs/vllm.md, _ledger.py):
   scheduler) only by an end the connector proved, never before; an unproven end keeps
   them held (quarantined) and the hold is released only by a later proven end;
 * the end of a receive never failed is passed on in the step it comes;
+* the blocks of a receive are reported as load errors (vLLM's scheduler fails the
+  request on them at once) exactly in the step it is reported failed, once, and only
+  when the scheduler sent them with the order;
 * for a connector whose refinement cannot release prefill holds, an overdue
   ``HeldForRead`` is reported, never ordered released.
 """
@@ -28,6 +31,10 @@ from stallguard_vllm._phases import PhaseTracker
 from stallguard.testing import FakeClock
 
 RIDS = st.sampled_from([f"r{i}" for i in range(4)])
+#: the blocks each receive writes into; the scheduler knows them for r0 and r2 only
+#: (r1, r3: as with several KV cache groups, where it sends none)
+BLOCKS = {f"r{i}": tuple(range(10 * i, 10 * i + 4)) for i in range(4)}
+KNOWN = {"r0", "r2"}
 VERDICTS = st.sampled_from(["fail", "wait", "drop"])
 RECEIVING = 3.0
 CONFIG = Config(
@@ -50,6 +57,7 @@ class GuardMachine(RuleBasedStateMachine):
         self.ordered_at: dict[str, float] = {}
         self.freed: set[str] = set()  # ends passed on to the scheduler
         self.released_sends = 0
+        self.load_errors: set[int] = set()
         self.used: set[str] = set()
 
     @rule(rid=RIDS)
@@ -92,13 +100,20 @@ class GuardMachine(RuleBasedStateMachine):
             assert now - self.started[rid] >= RECEIVING
             self.ordered_at[rid] = now
         self.released_sends += len(orders.release_send)
-        self.ledger.order(orders.fail_recv)
+        self.ledger.order(orders.fail_recv, {r: BLOCKS[r] for r in orders.fail_recv & KNOWN})
+        before = set(self.ledger.failed)
         due = self.ledger.due(lambda r: self.verdicts.get(r, "fail"))  # type: ignore[arg-type, return-value]
-        for rid in due:
+        failed_now = self.ledger.failed - before
+        assert due == failed_now - KNOWN, "failed_recving: exactly the failed without blocks"
+        for rid in failed_now:
             assert rid in self.ordered_at, f"{rid} reported failed without an order"
             assert rid not in self.reported_failed, f"{rid} reported failed twice"
             assert rid not in self.freed
             self.reported_failed.append(rid)
+        errors = self.ledger.take_load_errors()
+        assert errors == {b for rid in failed_now & KNOWN for b in BLOCKS[rid]}
+        assert not errors & self.load_errors, "blocks reported as load errors twice"
+        self.load_errors |= errors
 
     @rule(rid=RIDS)
     def prefill_holds(self, rid: str) -> None:
@@ -138,3 +153,20 @@ def test_drop_verdict_lets_the_transfer_succeed() -> None:
     assert ledger.ordered == set()
     assert ledger.ends({"b"}, {"b"}) == set() and ledger.withheld == {"b"}
     assert ledger.ends({"b"}) == {"b"} and not ledger.failed and not ledger.withheld
+
+
+def test_load_errors_are_the_failed_receives_blocks_once() -> None:
+    ledger = FailLedger()
+    ledger.order({"a", "b", "c"}, {"a": [1, 2], "b": (3,), "x": (9,)})
+    # a fails by its blocks, not in failed_recving; b's transfer completed
+    assert ledger.due(lambda r: {"a": "fail", "b": "drop"}.get(r, "wait")) == set()  # type: ignore[arg-type, return-value]
+    assert ledger.failed == {"a"}
+    assert ledger.take_load_errors() == {1, 2}
+    assert ledger.take_load_errors() == set()  # taken once
+    assert ledger.blocks == {}  # b dropped: its blocks forgotten; c: none were sent
+    assert ledger.due(lambda r: "fail") == {"c"}  # no blocks sent: failed_recving
+    assert ledger.take_load_errors() == set()
+    ledger.order({"d"}, {"d": (4,)})
+    assert ledger.ends({"d"}) == {"d"}  # ended before its failure was due
+    assert ledger.blocks == {} and ledger.due(lambda r: "fail") == set()
+    assert ledger.take_load_errors() == set()

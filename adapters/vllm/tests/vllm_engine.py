@@ -6,9 +6,12 @@ loopback) and real CPU KV-cache tensors registered with it.
 Imported only in .venv-vllm (the tests run it in subprocesses). The one stand-in is the
 model runner: :func:`step` does what vLLM's ``GPUModelRunner`` does around a forward pass
 for the KV connector (bind the step's metadata, ``start_load_kv``, collect
-``get_transfer_results``, clear the metadata) and reports one sampled token per
-scheduled request; no model is loaded or executed (there is no GPU here, and the
-scheduler's and connector's behaviour does not depend on the logits).
+``get_transfer_results`` and ``get_block_ids_with_load_errors``, clear the metadata) and
+reports one sampled token per scheduled request; no model is loaded or executed (there
+is no GPU here, and the scheduler's and connector's behaviour does not depend on the
+logits). The output reaches the scheduler through vLLM's real ``KVOutputAggregator``,
+as it does from ``vllm serve``'s multiprocess executor (which holds a ``failed_recving``
+back until the request's ``finished_recving``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from vllm.config import (
     set_current_vllm_config,
 )
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.parallel_state import (
     ensure_model_parallel_initialized,
@@ -154,6 +158,8 @@ class Engine:
     worker: Any  # the connector class, built in the worker role
     caches: dict[str, torch.Tensor]
     ran: dict[str, Request] = field(default_factory=dict)
+    #: what the multiprocess executor passes every worker output through (world size 1)
+    aggregator: KVOutputAggregator = field(default_factory=lambda: KVOutputAggregator(1))
 
     @property
     def connector(self) -> Any:
@@ -320,7 +326,9 @@ def step(e: Engine) -> tuple[dict[int, Any], Any]:
         pooler_output=None,
         kv_connector_output=kvo,
     )
-    return e.scheduler.update_from_output(so, mro), res
+    aggregated = e.aggregator.aggregate([mro])
+    assert aggregated is not None
+    return e.scheduler.update_from_output(so, aggregated), res
 
 
 def outputs_for(eco: dict[int, Any], rid: str) -> list[Any]:

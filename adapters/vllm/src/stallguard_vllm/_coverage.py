@@ -59,7 +59,7 @@ def coverage_rows(
             return f"{_secs(deadline)}, then reported (log, span, counter)"
         return f"{_secs(deadline)}, then {how}"
 
-    fail = "failed_recving -> kv_load_failure_policy; blocks quarantined"
+    fail = "load failure -> kv_load_failure_policy; blocks quarantined"
     rows = [
         CoverageRow(
             "Queued",

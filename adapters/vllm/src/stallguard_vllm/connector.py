@@ -23,10 +23,16 @@ What the guard does, for any inner connector (one code path):
   ``update_state_after_alloc``, ``request_finished``, ``update_connector_output``);
   ``build_connector_meta``, which vLLM calls once per scheduler step, runs the
   deadline check, and the requests found overdue ride to the workers on the step's
-  connector metadata (two extra attributes of the inner connector's metadata).
-* **worker side**: each overdue receive is reported in ``failed_recving`` in the same
-  step, which vLLM's ``kv_load_failure_policy`` turns into ``FINISHED_ERROR`` (the
-  client's error response). It is not reported in ``finished_recving``, so vLLM keeps
+  connector metadata (three extra attributes of the inner connector's metadata).
+* **worker side**: each overdue receive is reported failed in the same step: by its
+  blocks (the scheduler sends them with the order) as blocks that failed to load
+  (``get_block_ids_with_load_errors``), which vLLM's ``kv_load_failure_policy`` turns
+  into ``FINISHED_ERROR`` (the client's error response) in the step it hears of them.
+  Not by ``failed_recving``: vLLM's multiprocess executor passes that to the scheduler
+  only together with the request's ``finished_recving``, i.e. when the stuck transfer
+  ends. (A model with several KV cache groups has no unique block ids: there the
+  scheduler sends none, the receive goes in ``failed_recving``, and the client is
+  answered when it ends.) The receive is not reported in ``finished_recving``, so vLLM keeps
   its blocks, as it does for an aborted request, until the inner connector reports
   the receive ended **and** the end proves nothing can still land: until then the
   blocks are quarantined (:attr:`PhaseTracker.quarantine`; an overdue hold is
@@ -99,6 +105,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 __all__ = [
+    "FAIL_BLOCKS_ATTR",
     "FAIL_RECV_ATTR",
     "INNER_KEY",
     "MOONCAKE_INTERNALS",
@@ -119,6 +126,9 @@ log = logging.getLogger("stallguard.vllm")
 
 #: The attribute of the step's connector metadata that names the decode requests to fail.
 FAIL_RECV_ATTR = "stallguard_fail_recv"
+#: The attribute of the step's connector metadata that maps each decode request to fail to
+#: the blocks its receive writes into (where the scheduler knows them: one KV cache group).
+FAIL_BLOCKS_ATTR = "stallguard_fail_blocks"
 #: The attribute of the step's connector metadata that names the prefill holds to release.
 RELEASE_SEND_ATTR = "stallguard_release_send"
 #: The private names of vLLM's NIXL worker the NIXL refinement uses (checked at start).
@@ -387,7 +397,6 @@ _DELEGATED = (
     "finish_forward",
     "reset_capture_state",
     "handle_preemptions",
-    "get_block_ids_with_load_errors",
     "shutdown",
     "get_kv_connector_kv_cache_events",
     "get_handshake_metadata",
@@ -448,6 +457,11 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
         self.refinement: Refinement | None = None
         self._sg_ledger = FailLedger()
         self._sg_release: set[str] = set()
+        #: scheduler side: each receive's blocks, sent to the workers with a fail order
+        #: (block ids are unique in one KV cache group only: none kept with more)
+        self._sg_recv_blocks: dict[str, tuple[int, ...]] | None = (
+            {} if len(kv_cache_config.kv_cache_groups) == 1 else None
+        )
         #: bytes of one block, over every layer (what a quarantined block holds)
         self._sg_block_bytes = _block_bytes(kv_cache_config)
         refinement = refinement_for(inner_cls)
@@ -543,6 +557,12 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
             assert sg is not None
             if num_external_tokens > 0:
                 blocks_held = sum(len(ids) for ids in blocks.get_block_ids())
+                if self._sg_recv_blocks is not None:
+                    # the blocks allocated for the remote tokens (a local prefix hit
+                    # shares its blocks with other requests: not those)
+                    self._sg_recv_blocks[request.request_id] = tuple(
+                        blocks.get_unhashed_block_ids()
+                    )
                 sg.receiving(
                     request.request_id,
                     trace_headers=_headers(request),
@@ -552,6 +572,7 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
                 )
             else:
                 sg.not_receiving(request.request_id)
+                self._sg_forget_blocks(request.request_id)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -590,6 +611,7 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
             failed = connector_output.failed_recving or ()
             for rid in connector_output.finished_recving or ():
                 sg.done(rid, failed=rid in failed)
+                self._sg_forget_blocks(rid)
             for rid in connector_output.finished_sending or ():
                 sg.done(rid)
 
@@ -600,6 +622,7 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
             orders = sg.step()
             if orders:
                 setattr(meta, FAIL_RECV_ATTR, orders.fail_recv)
+                setattr(meta, FAIL_BLOCKS_ATTR, self._sg_take_blocks(orders.fail_recv))
                 setattr(meta, RELEASE_SEND_ATTR, orders.release_send)
                 for rid in sorted(orders.fail_recv):
                     log.warning(
@@ -614,6 +637,16 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
                         rid,
                     )
         return meta
+
+    def _sg_take_blocks(self, rids: frozenset[str]) -> dict[str, tuple[int, ...]]:
+        known = self._sg_recv_blocks
+        if not known:
+            return {}
+        return {rid: known.pop(rid) for rid in rids if rid in known}
+
+    def _sg_forget_blocks(self, rid: str) -> None:
+        if self._sg_recv_blocks is not None:
+            self._sg_recv_blocks.pop(rid, None)
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         stats = self._sg_inner.get_kv_connector_stats()
@@ -686,13 +719,22 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
         if ref is None:
             return
         meta = self._connector_metadata
-        self._sg_ledger.order(getattr(meta, FAIL_RECV_ATTR, ()))
+        self._sg_ledger.order(
+            getattr(meta, FAIL_RECV_ATTR, ()), getattr(meta, FAIL_BLOCKS_ATTR, None)
+        )
         self._sg_release.update(getattr(meta, RELEASE_SEND_ATTR, ()))
         if self._sg_release:
             for rid in tuple(self._sg_release):
                 if ref.release_send(rid):
                     self._sg_release.discard(rid)
         ref.on_step()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """The inner connector's, and the blocks of the receives stallguard reported
+        failed this step (vLLM's scheduler fails their requests at once: see the module
+        docstring)."""
+        errors: set[int] = set(self._sg_inner.get_block_ids_with_load_errors() or ())
+        return errors | self._sg_ledger.take_load_errors()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -709,7 +751,9 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
             # finish path delays the free of a request still WAITING_FOR_REMOTE_KVS)
             # until a later step reports it in finished_recving. Reported in the same
             # step as its finish, failure still wins: the deadline passed, and the
-            # blocks are freed by the finish.
+            # blocks are freed by the finish. A receive whose blocks the scheduler sent
+            # is reported by them (get_block_ids_with_load_errors, next), the others
+            # here.
             results.failed_recving.update(ledger.due(ref.verdict))
         if ledger.failed and results.finished_recving:
             ended = set(results.finished_recving)
