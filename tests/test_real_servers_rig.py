@@ -381,3 +381,52 @@ def test_the_fault_matrix_s_observation_is_retried_unless_the_server_is_frozen(
     prefill.frozen = True  # type: ignore[attr-defined]
     monkeypatch.setattr(_faults, "scrape", lambda arm, t0: {"t": 3.0, "prefill.inflight": nan})
     assert _faults.scrape_read(arm, 0.0, "prefill.inflight")["t"] == 3.0  # type: ignore[arg-type]
+
+
+def _arm(obs: dict[str, float], events: dict[str, float], client: int = 500) -> dict[str, object]:
+    ok = [{"status": 200}]
+    return {
+        "errors": [],
+        "requests": {"warmup": ok, "healthy_before": ok, "healthy_after": ok},
+        "fault": {"observation": obs, "client": {"status": client}, "final": {}},
+        "events": events,
+    }
+
+
+def test_on_mooncake_the_deadline_is_two_states_and_the_control_may_be_released_by_sglang() -> None:
+    """Mooncake's sender reports no Transferring: stallguard's deadline is WaitingForInput +
+    Transferring (2 x --deadline), and SGLang's own write timeout releases the control
+    (its transfer-failure counter) - after stallguard's deadline, or the run shows
+    nothing. NIXL's rules are unchanged: there the control must stay pinned."""
+    with_ = _arm({"inflight": 0, "forced": 1}, {"forced_s": 14.0, "inflight_from_s": 3.0})
+    pinned = _arm({"inflight": 1, "client_waiting": 1}, {"inflight_from_s": 3.0})
+    released = _arm(
+        {"inflight": 0, "transfer_failed": 1}, {"inflight_from_s": 3.0, "released_s": 24.0}
+    )
+    early = _arm({"inflight": 0, "transfer_failed": 1}, {"inflight_from_s": 3.0, "released_s": 7.0})
+    lost = _arm({"inflight": 0}, {"inflight_from_s": 3.0, "released_s": 24.0})
+
+    def results(backend: str, without: dict[str, object]) -> dict[str, object]:
+        return {"deadline_s": 5.0, "backend": backend, "arms": {"without": without, "with": with_}}
+
+    assert rig.effective_deadline(results("mooncake", pinned)) == 10.0
+    assert rig.effective_deadline(results("nixl", pinned)) == 5.0
+    assert rig.verdict(results("mooncake", pinned)) == []
+    assert rig.verdict(results("mooncake", released)) == []  # SGLang at +21 s, stallguard +11
+    assert rig.verdict(results("mooncake", early))  # SGLang before the deadline: no case
+    assert rig.verdict(results("mooncake", lost))  # released, nothing failed it: a bug
+    # stallguard failing it later after entry than SGLang did is no release at all
+    late = _arm({"inflight": 0, "forced": 1}, {"forced_s": 30.0, "inflight_from_s": 3.0})
+    bad = rig.verdict(
+        {"deadline_s": 5.0, "backend": "mooncake", "arms": {"without": released, "with": late}}
+    )
+    assert any("later" in b for b in bad)
+    # on NIXL a control released by anything is no wedge; 11 s after entry is past 5 + 5
+    assert rig.verdict(results("nixl", released))
+    assert rig.verdict(results("nixl", pinned)) != []
+    assert (
+        rig.verdict(
+            {"deadline_s": 10.0, "backend": "nixl", "arms": {"without": pinned, "with": with_}}
+        )
+        == []
+    )

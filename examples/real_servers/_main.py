@@ -707,10 +707,30 @@ def kv_mb(tokens: int) -> float:
     return tokens * 8 * 4 * 256 * 2 * 2 / 2**20
 
 
+#: Backends whose KV sender never reports ``Transferring``: the request waits in
+#: ``WaitingForInput`` until the transfer ends, and stallguard-sglang's deadline there is
+#: ``WaitingForInput`` + ``Transferring`` (docs/sglang.md), here 2 x ``--deadline``.
+MERGED_STATES = frozenset({"mooncake"})
+#: Backends that bound a frozen decode natively: SGLang's Mooncake sender fails the
+#: request itself when a write batch times out (``MC_TRANSFER_TIMEOUT``, 30 s), so the
+#: control is released by SGLang, later than stallguard's deadline, not pinned.
+NATIVELY_BOUNDED = frozenset({"mooncake"})
+
+
+def effective_deadline(results: dict[str, Any]) -> float:
+    """The seconds after the request entered the inflight queue at which stallguard
+    fails it in this run's state (see :data:`MERGED_STATES`)."""
+    d = float(results["deadline_s"])
+    return 2 * d if results.get("backend", "nixl") in MERGED_STATES else d
+
+
 def verdict(results: dict[str, Any]) -> list[str]:
-    """What went wrong (empty: the wedge reproduced without, released with)."""
+    """What went wrong (empty: the wedge reproduced without, released with; on a backend
+    that bounds the frozen decode itself, :data:`NATIVELY_BOUNDED`, the control is
+    released by SGLang's own failure instead, and stallguard's must come first)."""
     bad: list[str] = []
-    deadline = results["deadline_s"]
+    deadline = effective_deadline(results)
+    native = results.get("backend", "nixl") in NATIVELY_BOUNDED
     arms = results["arms"]
     for name, a in arms.items():
         bad += [f"{name}: {e}" for e in a["errors"]]
@@ -724,14 +744,17 @@ def verdict(results: dict[str, Any]) -> list[str]:
     w = arms.get("without")
     if w and not w["errors"]:
         obs = w["fault"].get("observation", {})
-        if not obs.get("inflight", 0) >= 1:
-            bad.append(
-                f"without: inflight {obs.get('inflight')} at the observation point (no wedge)"
-            )
-        if not obs.get("client_waiting"):
-            bad.append("without: the client was not waiting any more at the observation point")
         if w["fault"].get("stallguard_log"):
             bad.append("without: stallguard failed something")
+        if native:
+            bad += _natively_bounded(w, arms.get("with"), deadline)
+        else:
+            if not obs.get("inflight", 0) >= 1:
+                bad.append(
+                    f"without: inflight {obs.get('inflight')} at the observation point (no wedge)"
+                )
+            if not obs.get("client_waiting"):
+                bad.append("without: the client was not waiting any more at the observation point")
     g = arms.get("with")
     if g and not g["errors"]:
         obs = g["fault"].get("observation", {})
@@ -755,6 +778,29 @@ def verdict(results: dict[str, Any]) -> list[str]:
         if client.get("status") in (200, None):
             bad.append(f"with: the client did not get an error: {client}")
     return bad
+
+
+def _natively_bounded(w: dict[str, Any], g: dict[str, Any] | None, deadline: float) -> list[str]:
+    """The control on a backend that bounds a frozen decode itself: the request is
+    still pinned at the observation point, or SGLang failed it (its own transfer-failure
+    counter) and not before stallguard's deadline would have (else stallguard adds
+    nothing on this fault, and the run shows nothing)."""
+    obs = w["fault"].get("observation", {})
+    if obs.get("inflight", 0) >= 1:
+        return []  # pinned, as on NIXL
+    ev = w["events"]
+    final = w["fault"].get("final", {})
+    failed = max(obs.get("transfer_failed", 0) or 0, final.get("transfer_failed", 0) or 0)
+    if not failed >= 1 or "released_s" not in ev or "inflight_from_s" not in ev:
+        return [f"without: not pinned and not failed by SGLang either: {obs}"]
+    bound = ev["released_s"] - ev["inflight_from_s"]
+    if bound < deadline:
+        return [f"without: SGLang released it {bound:g} s after entry, before the deadline"]
+    gev = (g or {}).get("events", {})
+    if "forced_s" in gev and "inflight_from_s" in gev:
+        if gev["forced_s"] - gev["inflight_from_s"] > bound:
+            return ["with: stallguard failed it later after entry than SGLang did in the control"]
+    return []
 
 
 def fmt(x: Any, unit: str = "") -> str:
