@@ -415,6 +415,9 @@ def test_on_mooncake_the_deadline_is_two_states_and_the_control_may_be_released_
     assert rig.verdict(results("mooncake", released)) == []  # SGLang at +21 s, stallguard +11
     assert rig.verdict(results("mooncake", early))  # SGLang before the deadline: no case
     assert rig.verdict(results("mooncake", lost))  # released, nothing failed it: a bug
+    # failed as it entered the queue (the transport dropped the session first): no case
+    at_entry = _arm({"inflight": 0, "transfer_failed": 1}, {})
+    assert any("as it entered" in b for b in rig.verdict(results("mooncake", at_entry)))
     # stallguard failing it later after entry than SGLang did is no release at all
     late = _arm({"inflight": 0, "forced": 1}, {"forced_s": 30.0, "inflight_from_s": 3.0})
     bad = rig.verdict(

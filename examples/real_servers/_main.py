@@ -458,7 +458,12 @@ def _run_fault(
             entry = row["t"]
         if forced is None and row["forced"] >= 1:
             forced = row["t"]
-        if entry is None:
+        if entry is None and not client.is_alive():
+            # answered before any scrape saw it queued: failed as it entered the queue
+            # (on Mooncake/TCP, once the transport dropped the frozen decode's session)
+            arm.fault["answered_before_entry_s"] = row["t"]
+            want = now
+        elif entry is None:
             want = min(now + 2, entry_limit)
         else:
             want = t0 + entry + 2 * deadline
@@ -791,15 +796,24 @@ def _natively_bounded(w: dict[str, Any], g: dict[str, Any] | None, deadline: flo
     ev = w["events"]
     final = w["fault"].get("final", {})
     failed = max(obs.get("transfer_failed", 0) or 0, final.get("transfer_failed", 0) or 0)
+    if failed >= 1 and "inflight_from_s" not in ev:
+        return [
+            "without: SGLang failed it as it entered the inflight queue (the transport had "
+            "dropped the frozen decode's session already): nothing for stallguard to bound "
+            "in this run"
+        ]
     if not failed >= 1 or "released_s" not in ev or "inflight_from_s" not in ev:
         return [f"without: not pinned and not failed by SGLang either: {obs}"]
     bound = ev["released_s"] - ev["inflight_from_s"]
     if bound < deadline:
         return [f"without: SGLang released it {bound:g} s after entry, before the deadline"]
     gev = (g or {}).get("events", {})
-    if "forced_s" in gev and "inflight_from_s" in gev:
-        if gev["forced_s"] - gev["inflight_from_s"] > bound:
-            return ["with: stallguard failed it later after entry than SGLang did in the control"]
+    if (
+        "forced_s" in gev
+        and "inflight_from_s" in gev
+        and gev["forced_s"] - gev["inflight_from_s"] > bound
+    ):
+        return ["with: stallguard failed it later after entry than SGLang did in the control"]
     return []
 
 
