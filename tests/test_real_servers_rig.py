@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -232,6 +233,9 @@ def test_stallguard_s_gauge_alone_marks_the_entry() -> None:
         (["--backend", "rdma"], "--backend 'rdma': must be one of nixl, mooncake"),
         (["--tp", "0"], "--tp 0: must be 1 to 8"),
         (["--tp", "9"], "--tp 9: must be 1 to 8"),
+        (["--dp", "0"], "--dp 0: must be 1 to 8"),
+        (["--dp", "9"], "--dp 9: must be 1 to 8"),
+        (["--dp", "-1"], "--dp -1: must be 1 to 8"),
     ],
 )
 def test_the_cli_refuses_bad_options_naming_them(
@@ -341,6 +345,66 @@ def test_tp_servers_bind_one_core_per_rank() -> None:
     argv = two.server_argv("decode")
     assert argv.count("--tp") == 1
     assert argv[argv.index("--tp") + 1] == "2"
+
+
+def test_dp_servers_run_dp_replicas_with_one_core_per_rank() -> None:
+    """--dp N puts --dp-size N on both servers' command lines (not at --dp 1: SGLang then
+    starts no DP controller), and SGLANG_CPU_OMP_THREADS_BIND gets tp x dp entries:
+    SGLang picks entry gpu_id, which is dp_rank * tp + tp_rank for a DP replica's rank."""
+    from examples.real_servers import _servers as srv
+
+    cores = srv.os.cpu_count() or 1
+    assert srv.tp_env(1, 1) == {}
+    assert srv.tp_env(1, 2) == srv.tp_env(2) == {"SGLANG_CPU_OMP_THREADS_BIND": f"0|{1 % cores}"}
+    bind = srv.tp_env(2, 2)["SGLANG_CPU_OMP_THREADS_BIND"].split("|")
+    assert bind == [str(i % cores) for i in range(4)]
+    ports = {k: 1 for k in ("prefill", "bootstrap", "decode", "router", "router_metrics")}
+    one = srv.ServerSet("a", rig.ROOT, None, ports=dict(ports))
+    assert all("--dp-size" not in one.server_argv(m) for m in ("prefill", "decode"))
+    two = srv.ServerSet("a", rig.ROOT, None, dp=2, ports=dict(ports))
+    for mode in ("prefill", "decode"):
+        argv = two.server_argv(mode)
+        assert argv.count("--dp-size") == 1 and argv[argv.index("--dp-size") + 1] == "2"
+        assert argv[argv.index("--tp") + 1] == "1"
+    assert "--dp-size" not in two.router_argv()
+
+
+def test_dp_servers_get_the_binding_in_their_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Both servers of a --dp 2 set are spawned with the binding of 2 ranks."""
+    from examples.real_servers import _servers as srv
+
+    spawned: dict[str, tuple[list[str], dict[str, str]]] = {}
+    monkeypatch.setattr(
+        srv, "spawn", lambda name, argv, env, log: spawned.setdefault(name, (argv, dict(env)))
+    )
+    ports = {k: 1 for k in ("prefill", "bootstrap", "decode")}
+    srv.ServerSet("with", tmp_path, tmp_path / "sg.toml", dp=2, ports=ports).start_servers()
+    assert sorted(spawned) == ["with-decode", "with-prefill"]
+    for argv, env in spawned.values():
+        assert env["SGLANG_CPU_OMP_THREADS_BIND"] == srv.tp_env(1, 2)["SGLANG_CPU_OMP_THREADS_BIND"]
+        assert env["STALLGUARD_SGLANG_CONFIG"] == str(tmp_path / "sg.toml")
+        assert "--dp-size" in argv
+
+
+def test_per_series_keeps_each_rank_s_counts() -> None:
+    """The final scrape keeps who counted what: one sample per rank's label set, the
+    ones that are not 0."""
+    text = "\n".join(
+        [
+            "# HELP sglang:stallguard_forced_failures_total x",
+            'sglang:stallguard_forced_failures_total{queue="inflight",dp_rank="1",tp_rank="0"} 1.0',
+            'sglang:num_transfer_failed_reqs_total{dp_rank="0",tp_rank="0"} 0.0',
+            'sglang:num_transfer_failed_reqs_total{dp_rank="1",tp_rank="0"} 1.0',
+            'sglang:num_running_reqs{dp_rank="1"} 3.0',
+        ]
+    )
+    got = rig.per_series(text)
+    assert [(r["name"], r["labels"].get("dp_rank"), r["value"]) for r in got] == [
+        ("sglang:stallguard_forced_failures_total", "1", 1.0),
+        ("sglang:num_transfer_failed_reqs_total", "1", 1.0),
+    ]
 
 
 def test_the_verdict_expects_one_forced_failure_per_tp_rank() -> None:

@@ -527,6 +527,24 @@ def after(arm: Arm, t0: float, sizes: tuple[int, ...] = (16, 256)) -> None:
     arm.requests["healthy_after"] = rows
     time.sleep(1.5)
     arm.fault["final"] = scrape_read(arm, t0)
+    arm.fault["series"] = {
+        m: per_series(arm.servers.metrics_text(m)) for m in ("prefill", "decode")
+    }
+
+
+#: the series :func:`per_series` keeps, by rank: which rank counted what
+PER_RANK = (GAUGES["forced"], GAUGES["transfer_failed"], GAUGES["inflight"])
+
+
+def per_series(text: str) -> list[dict[str, Any]]:
+    """The :data:`PER_RANK` samples of a ``/metrics`` page, each with its labels (with
+    ``--tp``/``--dp`` each scheduler rank has a series of its own: ``tp_rank``,
+    ``dp_rank``), the ones that are not 0."""
+    return [
+        {"name": name, "labels": labels, "value": value}
+        for name, labels, value in parse_series(text)
+        if name in PER_RANK and value
+    ]
 
 
 def scrape_read(arm: Arm, t0: float, limit: float = 60.0) -> dict[str, float]:
@@ -578,6 +596,7 @@ def run(
     arms: tuple[str, ...] = ("without", "with"),
     backend: str = "nixl",
     tp: int = 1,
+    dp: int = 1,
     log: Any = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns what results.json holds. Always stops every process it
@@ -603,6 +622,7 @@ def run(
             decode_name="decode" if shared_decode else None,
             backend=backend,
             tp=tp,
+            dp=dp,
         )
         made[name] = Arm(name, servers)
     batches = [list(made.values())] if not sequential else [[a] for a in made.values()]
@@ -682,6 +702,7 @@ def run(
         "shared_decode": shared_decode,
         "backend": backend,
         "tp": tp,
+        "dp": dp,
         "total_s": round(time.monotonic() - t_all, 1),
         "phases_s": phases,
         "arms": {
@@ -894,9 +915,18 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="tensor parallelism of every server (ranks on gloo, one core each)",
     )
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        help="data parallelism of every server (--dp-size: replicas behind SGLang's DP "
+        "controller, each rank on a core of its own)",
+    )
     args = p.parse_args(argv)
     if not 1 <= args.tp <= 8:
         p.error(f"--tp {args.tp}: must be 1 to 8")
+    if not 1 <= args.dp <= 8:
+        p.error(f"--dp {args.dp}: must be 1 to 8")
     if args.backend not in BACKENDS:
         p.error(f"--backend {args.backend!r}: must be one of {', '.join(BACKENDS)}")
     chunks = math.ceil(args.prompt_tokens / CHUNK) if args.prompt_tokens > 0 else 0
@@ -924,6 +954,7 @@ def main(argv: list[str] | None = None) -> int:
         arms=tuple(args.arms.split(",")),
         backend=args.backend,
         tp=args.tp,
+        dp=args.dp,
         log=lambda m: print(f"[real_servers] {m}", flush=True),
     )
     text = table(results)

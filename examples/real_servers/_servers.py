@@ -215,16 +215,20 @@ def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) ->
     return env
 
 
-def tp_env(tp: int) -> dict[str, str]:
-    """What a CPU server with *tp* ranks needs: SGLang binds each rank's OpenMP threads
-    to a NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` names cores per rank, and
-    refuses more ranks than nodes (``numa_utils.init_threads_binding``: "the total number
-    of ranks ... should be smaller than or equal to number of numa node"); this machine
-    has one node and 2 cores, so rank i gets core ``i % cores``."""
-    if tp <= 1:
+def tp_env(tp: int, dp: int = 1) -> dict[str, str]:
+    """What a CPU server with *tp* x *dp* scheduler ranks needs: SGLang binds each rank's
+    OpenMP threads to a NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` names cores per
+    rank, and refuses more ranks than nodes (``numa_utils.init_threads_binding``: "the
+    total number of ranks (dp_size * tp_size * pp_size ...) should be smaller than or
+    equal to number of numa node"); with the variable set it picks entry ``gpu_id``,
+    and a DP replica's ranks have ``gpu_id`` ``dp_rank * tp + tp_rank``, so the list
+    has ``tp * dp`` entries. This machine has one node and 2 cores: rank i gets core
+    ``i % cores``."""
+    ranks = tp * dp
+    if ranks <= 1:
         return {}
     cores = os.cpu_count() or 1
-    return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(tp))}
+    return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(ranks))}
 
 
 @dataclass
@@ -253,6 +257,9 @@ class ServerSet:
     #: tensor parallelism of both servers (``--tp``; on a CPU each rank is a scheduler
     #: process on gloo, bound to a core of its own: :func:`tp_env`)
     tp: int = 1
+    #: data parallelism of both servers (``--dp-size``: *dp* scheduler replicas behind
+    #: SGLang's DP controller process, each with *tp* ranks; one core per rank too)
+    dp: int = 1
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -278,6 +285,12 @@ class ServerSet:
         argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
         argv += ["--port", str(self.ports[mode]), "--disaggregation-mode", mode]
         argv += ["--tp", str(self.tp)]
+        if self.dp > 1:
+            # SGLang's DP controller in front of dp scheduler replicas; the prefill's
+            # default dispatch in PD mode is follow_bootstrap_room (the replica is the
+            # router's bootstrap room modulo dp, which the decode computes the same
+            # way), the decode's round_robin
+            argv += ["--dp-size", str(self.dp)]
         if mode == "prefill":
             argv += ["--disaggregation-bootstrap-port", str(self.ports["bootstrap"])]
         else:
@@ -317,7 +330,7 @@ class ServerSet:
             self.procs[mode] = spawn(
                 name,
                 self.server_argv(mode),
-                server_env(config, {**BACKEND_ENV[self.backend], **tp_env(self.tp)}),
+                server_env(config, {**BACKEND_ENV[self.backend], **tp_env(self.tp, self.dp)}),
                 self.logs / f"{name}.log",
             )
 
