@@ -5,10 +5,13 @@ refusals. The servers' side of it is tests/test_real_servers_shared.py."""
 from __future__ import annotations
 
 import math
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -445,3 +448,125 @@ def test_the_fault_matrix_s_observation_is_retried_unless_the_server_is_frozen(
     prefill.frozen = True  # type: ignore[attr-defined]
     monkeypatch.setattr(_faults, "scrape", lambda arm, t0: {"t": 3.0, "prefill.inflight": nan})
     assert _faults.scrape_read(arm, 0.0, "prefill.inflight")["t"] == 3.0  # type: ignore[arg-type]
+
+
+def _standins(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The rig's stand-in module, loaded under another name with everything off (its
+    import installs nothing in this process then)."""
+    import importlib.util
+
+    monkeypatch.setenv("STALLGUARD_REALSRV_STANDINS", "0")
+    monkeypatch.delenv("STALLGUARD_REALSRV_DP_RANK_FIX", raising=False)
+    monkeypatch.delenv("STALLGUARD_REALSRV_PLUGIN_TRACE", raising=False)
+    path = rig.ROOT / "examples" / "real_servers" / "standins" / "_stallguard_realsrv.py"
+    spec = importlib.util.spec_from_file_location("_realsrv_standins_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    before = list(sys.meta_path)
+    spec.loader.exec_module(module)
+    assert sys.meta_path == before and module.PATCHES == {}
+    return module
+
+
+def test_the_dp_rank_fix_gives_a_dp_replica_its_own_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang 0.5.23's CommonKVManager keeps attn_dp_rank 0 on every DP replica (its
+    prefill sender then fails every request sent to replica 1 at bootstrap): the fix
+    takes the replica's rank there, and only for DP replicas."""
+    from types import ModuleType
+
+    standins = _standins(monkeypatch)
+
+    class CommonKVManager:
+        def __init__(self, system_dp_size: int, system_dp_rank: int, attn: tuple[int, int]) -> None:
+            self.system_dp_size, self.system_dp_rank = system_dp_size, system_dp_rank
+            self.attn_dp_size, self.attn_dp_rank = attn
+
+    class NixlKVManager(CommonKVManager):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+
+    conn = ModuleType("conn")
+    conn.CommonKVManager = CommonKVManager  # type: ignore[attr-defined]
+    standins._replica_dp_rank(conn)
+    standins._replica_dp_rank(conn)  # once only
+    assert NixlKVManager(2, 1, (1, 0)).attn_dp_rank == 1  # a replica: its own rank
+    assert NixlKVManager(2, 0, (1, 0)).attn_dp_rank == 0
+    assert NixlKVManager(1, 0, (2, 1)).attn_dp_rank == 1  # DP attention: untouched
+    assert NixlKVManager(1, 0, (1, 0)).attn_dp_rank == 0
+
+
+def test_the_env_turns_the_fix_and_the_trace_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from examples.real_servers import _servers as srv
+
+    assert srv.dp_env(1) == {} and srv.dp_env(1, fix=False) == {}
+    assert srv.dp_env(2) == {srv.PLUGIN_TRACE_ENV: "1", srv.DP_RANK_FIX_ENV: "1"}
+    assert srv.dp_env(2, fix=False) == {srv.PLUGIN_TRACE_ENV: "1"}
+    standins = _standins(monkeypatch)
+    assert standins.DP_RANK_FIX_ENV == srv.DP_RANK_FIX_ENV
+    assert standins.PLUGIN_TRACE_ENV == srv.PLUGIN_TRACE_ENV
+
+
+def test_the_plugin_trace_tags_sglang_s_loader_lines_with_the_pid(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trace shows SGLang's plugin loader's INFO lines (dropped before SGLang
+    configures logging) with the pid, which the rig parses back; the adapter's own
+    logger gets no handler from it."""
+    import logging
+
+    from examples.real_servers import _servers as srv
+
+    standins = _standins(monkeypatch)
+    logger = logging.getLogger("sglang.srt.plugins")
+    handlers, level = list(logger.handlers), logger.level
+    try:
+        standins.trace_plugin_loading()
+        standins.trace_plugin_loading()  # one handler
+        assert len(logger.handlers) == len(handlers) + 1
+        logger.handlers[-1].stream = sys.stderr  # capsys's
+        logging.getLogger("sglang.srt.plugins").info("Executed general plugin: stallguard")
+        logging.getLogger("sglang.srt.plugins.hook_registry").info(
+            "Applied 1 hook(s) to a.B.c (from: plugin=stallguard, dist=stallguard-sglang)"
+        )
+        assert not logging.getLogger("stallguard.sglang").handlers
+    finally:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    err = capsys.readouterr().err
+    got = srv.plugin_trace("noise\n" + err)
+    assert got == {
+        os.getpid(): [
+            "Executed general plugin: stallguard",
+            "Applied 1 hook(s) to a.B.c (from: plugin=stallguard, dist=stallguard-sglang)",
+        ]
+    }
+
+
+def test_plugins_by_process_joins_the_trace_to_the_process_titles(tmp_path: Path) -> None:
+    """Which process of each server ran the entry point and hooked targets, by title."""
+    from types import SimpleNamespace
+
+    log = tmp_path / "with-prefill.log"
+    tag, plugins, registry = "[realsrv plugin trace pid=", "sglang.srt.plugins", ".hook_registry"
+    hooked = "Applied 1 hook(s) to x.Y.{} (from: plugin=stallguard, dist=stallguard-sglang)"
+    lines = [
+        f"{tag}11] {plugins}: Executed general plugin: stallguard",
+        f"{tag}12] {plugins}: Executed general plugin: stallguard",
+        f"{tag}12] {plugins}{registry}: {hooked.format('z')}",
+        f"{tag}12] {plugins}{registry}: {hooked.format('w')}",
+        f"{tag}13] {plugins}: Loaded plugin stallguard",
+    ]
+    log.write_text("\n".join(lines))
+    prefill = SimpleNamespace(log_text=log.read_text)
+    servers = SimpleNamespace(procs={"prefill": prefill}, owns=lambda mode: True)
+    arm = SimpleNamespace(
+        servers=servers,
+        events={"processes": {"prefill": {11: "sglang::data_parallel_controller"}}},
+    )
+    assert rig.plugins_by_process(arm) == {  # type: ignore[arg-type]
+        "prefill": {
+            "sglang::data_parallel_controller": {"pid": 11, "executed": True, "hooks": 0},
+            "pid 12": {"pid": 12, "executed": True, "hooks": 2},
+            "pid 13": {"pid": 13, "executed": False, "hooks": 0},
+        }
+    }

@@ -231,6 +231,58 @@ def tp_env(tp: int, dp: int = 1) -> dict[str, str]:
     return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(ranks))}
 
 
+#: SGLang's plugin loader's lines in every process (standins/_stallguard_realsrv.py)
+PLUGIN_TRACE_ENV = "STALLGUARD_REALSRV_PLUGIN_TRACE"
+#: SGLang's plain-DP prefill rank fixed (standins/_stallguard_realsrv.py)
+DP_RANK_FIX_ENV = "STALLGUARD_REALSRV_DP_RANK_FIX"
+#: how the plugin trace tags its lines: ``[realsrv plugin trace pid=<pid>] ...``
+PLUGIN_TRACE = re.compile(r"\[realsrv plugin trace pid=(\d+)\] (\S+): (.*)")
+
+
+def dp_env(dp: int, fix: bool = True) -> dict[str, str]:
+    """What the rig adds to a server at ``--dp`` > 1: the plugin trace (SGLang's plugin
+    loader's lines, dropped otherwise, show which processes, the DP controller
+    included, loaded the adapter) and, unless *fix* is False, the fix of SGLang
+    0.5.23's prefill DP rank under DP replicas (without it every request the prefill's
+    DP controller sends to a replica other than 0 fails at bootstrap:
+    sgl-project/sglang#29725)."""
+    if dp <= 1:
+        return {}
+    env = {PLUGIN_TRACE_ENV: "1"}
+    if fix:
+        env[DP_RANK_FIX_ENV] = "1"
+    return env
+
+
+def plugin_trace(log_text: str) -> dict[int, list[str]]:
+    """The plugin trace's lines of a server's log, by process id (the message only)."""
+    out: dict[int, list[str]] = {}
+    for line in log_text.splitlines():
+        m = PLUGIN_TRACE.search(line)
+        if m:
+            out.setdefault(int(m.group(1)), []).append(m.group(3))
+    return out
+
+
+def group_processes(pgid: int) -> dict[int, str]:
+    """pid -> the process's title (``/proc/<pid>/cmdline``, which SGLang's
+    ``setproctitle`` rewrites: ``sglang::data_parallel_controller``,
+    ``sglang::scheduler_DP1``, ...) for every process of the group *pgid*."""
+    out: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(entry)] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    return out
+
+
 @dataclass
 class ServerSet:
     """Prefill + decode + router for one arm ("without" or "with" stallguard).
@@ -260,6 +312,9 @@ class ServerSet:
     #: data parallelism of both servers (``--dp-size``: *dp* scheduler replicas behind
     #: SGLang's DP controller process, each with *tp* ranks; one core per rank too)
     dp: int = 1
+    #: at dp > 1, SGLang's plain-DP prefill rank fixed in the servers
+    #: (:func:`dp_env`; standins/_stallguard_realsrv.py)
+    dp_rank_fix: bool = True
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -330,7 +385,14 @@ class ServerSet:
             self.procs[mode] = spawn(
                 name,
                 self.server_argv(mode),
-                server_env(config, {**BACKEND_ENV[self.backend], **tp_env(self.tp, self.dp)}),
+                server_env(
+                    config,
+                    {
+                        **BACKEND_ENV[self.backend],
+                        **tp_env(self.tp, self.dp),
+                        **dp_env(self.dp, self.dp_rank_fix),
+                    },
+                ),
                 self.logs / f"{name}.log",
             )
 
