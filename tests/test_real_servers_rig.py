@@ -428,6 +428,16 @@ def test_the_verdict_expects_one_forced_failure_per_tp_rank() -> None:
     assert rig.verdict(results(1, 1)) == []
     assert rig.verdict(results(2, 2)) == [] and rig.verdict(results(2, 1)) == []
     assert rig.verdict(results(1, 2)) and rig.verdict(results(2, 3)) and rig.verdict(results(2, 0))
+    # --dp 2: one count, by one replica; a count under each replica is wrong
+    one = results(1, 1)
+    forced = {"name": "sglang:stallguard_forced_failures_total", "value": 1.0}
+    one["arms"]["with"]["fault"]["series"] = {"prefill": [{**forced, "labels": {"dp_rank": "1"}}]}  # type: ignore[index]
+    assert rig.verdict(one) == []
+    two = results(2, 2)
+    two["arms"]["with"]["fault"]["series"] = {  # type: ignore[index]
+        "prefill": [{**forced, "labels": {"dp_rank": r}} for r in ("0", "1")]
+    }
+    assert rig.verdict(two) == ["with: forced failures counted by DP ranks ['0', '1']"]
 
 
 def test_the_fault_matrix_s_observation_is_retried_unless_the_server_is_frozen(

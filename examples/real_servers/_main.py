@@ -809,6 +809,15 @@ def verdict(results: dict[str, Any]) -> list[str]:
             bad.append(
                 f"with: released at +{ev['forced_s']} s, later than inflight + deadline + 5 s"
             )
+        # DP replicas share nothing: the replica holding the request fails it, the
+        # others count nothing (the final scrape's series, by rank)
+        replicas = {
+            x["labels"].get("dp_rank", "")
+            for x in g["fault"].get("series", {}).get("prefill", [])
+            if x["name"] == GAUGES["forced"]
+        }
+        if len(replicas) > 1:
+            bad.append(f"with: forced failures counted by DP ranks {sorted(replicas)}")
         client = g["fault"].get("client", {})
         if client.get("status") in (200, None):
             bad.append(f"with: the client did not get an error: {client}")
