@@ -5,9 +5,13 @@ refusals. The servers' side of it is tests/test_real_servers_shared.py."""
 from __future__ import annotations
 
 import math
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -232,6 +236,9 @@ def test_stallguard_s_gauge_alone_marks_the_entry() -> None:
         (["--backend", "rdma"], "--backend 'rdma': must be one of nixl, mooncake"),
         (["--tp", "0"], "--tp 0: must be 1 to 8"),
         (["--tp", "9"], "--tp 9: must be 1 to 8"),
+        (["--dp", "0"], "--dp 0: must be 1 to 8"),
+        (["--dp", "9"], "--dp 9: must be 1 to 8"),
+        (["--dp", "-1"], "--dp -1: must be 1 to 8"),
     ],
 )
 def test_the_cli_refuses_bad_options_naming_them(
@@ -343,6 +350,66 @@ def test_tp_servers_bind_one_core_per_rank() -> None:
     assert argv[argv.index("--tp") + 1] == "2"
 
 
+def test_dp_servers_run_dp_replicas_with_one_core_per_rank() -> None:
+    """--dp N puts --dp-size N on both servers' command lines (not at --dp 1: SGLang then
+    starts no DP controller), and SGLANG_CPU_OMP_THREADS_BIND gets tp x dp entries:
+    SGLang picks entry gpu_id, which is dp_rank * tp + tp_rank for a DP replica's rank."""
+    from examples.real_servers import _servers as srv
+
+    cores = srv.os.cpu_count() or 1
+    assert srv.tp_env(1, 1) == {}
+    assert srv.tp_env(1, 2) == srv.tp_env(2) == {"SGLANG_CPU_OMP_THREADS_BIND": f"0|{1 % cores}"}
+    bind = srv.tp_env(2, 2)["SGLANG_CPU_OMP_THREADS_BIND"].split("|")
+    assert bind == [str(i % cores) for i in range(4)]
+    ports = {k: 1 for k in ("prefill", "bootstrap", "decode", "router", "router_metrics")}
+    one = srv.ServerSet("a", rig.ROOT, None, ports=dict(ports))
+    assert all("--dp-size" not in one.server_argv(m) for m in ("prefill", "decode"))
+    two = srv.ServerSet("a", rig.ROOT, None, dp=2, ports=dict(ports))
+    for mode in ("prefill", "decode"):
+        argv = two.server_argv(mode)
+        assert argv.count("--dp-size") == 1 and argv[argv.index("--dp-size") + 1] == "2"
+        assert argv[argv.index("--tp") + 1] == "1"
+    assert "--dp-size" not in two.router_argv()
+
+
+def test_dp_servers_get_the_binding_in_their_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Both servers of a --dp 2 set are spawned with the binding of 2 ranks."""
+    from examples.real_servers import _servers as srv
+
+    spawned: dict[str, tuple[list[str], dict[str, str]]] = {}
+    monkeypatch.setattr(
+        srv, "spawn", lambda name, argv, env, log: spawned.setdefault(name, (argv, dict(env)))
+    )
+    ports = {k: 1 for k in ("prefill", "bootstrap", "decode")}
+    srv.ServerSet("with", tmp_path, tmp_path / "sg.toml", dp=2, ports=ports).start_servers()
+    assert sorted(spawned) == ["with-decode", "with-prefill"]
+    for argv, env in spawned.values():
+        assert env["SGLANG_CPU_OMP_THREADS_BIND"] == srv.tp_env(1, 2)["SGLANG_CPU_OMP_THREADS_BIND"]
+        assert env["STALLGUARD_SGLANG_CONFIG"] == str(tmp_path / "sg.toml")
+        assert "--dp-size" in argv
+
+
+def test_per_series_keeps_each_rank_s_counts() -> None:
+    """The final scrape keeps who counted what: one sample per rank's label set, the
+    ones that are not 0."""
+    text = "\n".join(
+        [
+            "# HELP sglang:stallguard_forced_failures_total x",
+            'sglang:stallguard_forced_failures_total{queue="inflight",dp_rank="1",tp_rank="0"} 1.0',
+            'sglang:num_transfer_failed_reqs_total{dp_rank="0",tp_rank="0"} 0.0',
+            'sglang:num_transfer_failed_reqs_total{dp_rank="1",tp_rank="0"} 1.0',
+            'sglang:num_running_reqs{dp_rank="1"} 3.0',
+        ]
+    )
+    got = rig.per_series(text)
+    assert [(r["name"], r["labels"].get("dp_rank"), r["value"]) for r in got] == [
+        ("sglang:stallguard_forced_failures_total", "1", 1.0),
+        ("sglang:num_transfer_failed_reqs_total", "1", 1.0),
+    ]
+
+
 def test_the_verdict_expects_one_forced_failure_per_tp_rank() -> None:
     """With --tp 2 the ranks conclude the request at once; each rank whose own clock
     found it overdue counts it under its own tp_rank (the rig sums the series): 1 or 2
@@ -361,6 +428,16 @@ def test_the_verdict_expects_one_forced_failure_per_tp_rank() -> None:
     assert rig.verdict(results(1, 1)) == []
     assert rig.verdict(results(2, 2)) == [] and rig.verdict(results(2, 1)) == []
     assert rig.verdict(results(1, 2)) and rig.verdict(results(2, 3)) and rig.verdict(results(2, 0))
+    # --dp 2: one count, by one replica; a count under each replica is wrong
+    one = results(1, 1)
+    forced = {"name": "sglang:stallguard_forced_failures_total", "value": 1.0}
+    one["arms"]["with"]["fault"]["series"] = {"prefill": [{**forced, "labels": {"dp_rank": "1"}}]}  # type: ignore[index]
+    assert rig.verdict(one) == []
+    two = results(2, 2)
+    two["arms"]["with"]["fault"]["series"] = {  # type: ignore[index]
+        "prefill": [{**forced, "labels": {"dp_rank": r}} for r in ("0", "1")]
+    }
+    assert rig.verdict(two) == ["with: forced failures counted by DP ranks ['0', '1']"]
 
 
 def test_the_fault_matrix_s_observation_is_retried_unless_the_server_is_frozen(
@@ -433,3 +510,125 @@ def test_on_mooncake_the_deadline_is_two_states_and_the_control_may_be_released_
         )
         == []
     )
+
+
+def _standins(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The rig's stand-in module, loaded under another name with everything off (its
+    import installs nothing in this process then)."""
+    import importlib.util
+
+    monkeypatch.setenv("STALLGUARD_REALSRV_STANDINS", "0")
+    monkeypatch.delenv("STALLGUARD_REALSRV_DP_RANK_FIX", raising=False)
+    monkeypatch.delenv("STALLGUARD_REALSRV_PLUGIN_TRACE", raising=False)
+    path = rig.ROOT / "examples" / "real_servers" / "standins" / "_stallguard_realsrv.py"
+    spec = importlib.util.spec_from_file_location("_realsrv_standins_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    before = list(sys.meta_path)
+    spec.loader.exec_module(module)
+    assert sys.meta_path == before and module.PATCHES == {}
+    return module
+
+
+def test_the_dp_rank_fix_gives_a_dp_replica_its_own_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang 0.5.23's CommonKVManager keeps attn_dp_rank 0 on every DP replica (its
+    prefill sender then fails every request sent to replica 1 at bootstrap): the fix
+    takes the replica's rank there, and only for DP replicas."""
+    from types import ModuleType
+
+    standins = _standins(monkeypatch)
+
+    class CommonKVManager:
+        def __init__(self, system_dp_size: int, system_dp_rank: int, attn: tuple[int, int]) -> None:
+            self.system_dp_size, self.system_dp_rank = system_dp_size, system_dp_rank
+            self.attn_dp_size, self.attn_dp_rank = attn
+
+    class NixlKVManager(CommonKVManager):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+
+    conn = ModuleType("conn")
+    conn.CommonKVManager = CommonKVManager  # type: ignore[attr-defined]
+    standins._replica_dp_rank(conn)
+    standins._replica_dp_rank(conn)  # once only
+    assert NixlKVManager(2, 1, (1, 0)).attn_dp_rank == 1  # a replica: its own rank
+    assert NixlKVManager(2, 0, (1, 0)).attn_dp_rank == 0
+    assert NixlKVManager(1, 0, (2, 1)).attn_dp_rank == 1  # DP attention: untouched
+    assert NixlKVManager(1, 0, (1, 0)).attn_dp_rank == 0
+
+
+def test_the_env_turns_the_fix_and_the_trace_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from examples.real_servers import _servers as srv
+
+    assert srv.dp_env(1) == {} and srv.dp_env(1, fix=False) == {}
+    assert srv.dp_env(2) == {srv.PLUGIN_TRACE_ENV: "1", srv.DP_RANK_FIX_ENV: "1"}
+    assert srv.dp_env(2, fix=False) == {srv.PLUGIN_TRACE_ENV: "1"}
+    standins = _standins(monkeypatch)
+    assert standins.DP_RANK_FIX_ENV == srv.DP_RANK_FIX_ENV
+    assert standins.PLUGIN_TRACE_ENV == srv.PLUGIN_TRACE_ENV
+
+
+def test_the_plugin_trace_tags_sglang_s_loader_lines_with_the_pid(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trace shows SGLang's plugin loader's INFO lines (dropped before SGLang
+    configures logging) with the pid, which the rig parses back; the adapter's own
+    logger gets no handler from it."""
+    import logging
+
+    from examples.real_servers import _servers as srv
+
+    standins = _standins(monkeypatch)
+    logger = logging.getLogger("sglang.srt.plugins")
+    handlers, level = list(logger.handlers), logger.level
+    try:
+        standins.trace_plugin_loading()
+        standins.trace_plugin_loading()  # one handler
+        assert len(logger.handlers) == len(handlers) + 1
+        logger.handlers[-1].stream = sys.stderr  # capsys's
+        logging.getLogger("sglang.srt.plugins").info("Executed general plugin: stallguard")
+        logging.getLogger("sglang.srt.plugins.hook_registry").info(
+            "Applied 1 hook(s) to a.B.c (from: plugin=stallguard, dist=stallguard-sglang)"
+        )
+        assert not logging.getLogger("stallguard.sglang").handlers
+    finally:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    err = capsys.readouterr().err
+    got = srv.plugin_trace("noise\n" + err)
+    assert got == {
+        os.getpid(): [
+            "Executed general plugin: stallguard",
+            "Applied 1 hook(s) to a.B.c (from: plugin=stallguard, dist=stallguard-sglang)",
+        ]
+    }
+
+
+def test_plugins_by_process_joins_the_trace_to_the_process_titles(tmp_path: Path) -> None:
+    """Which process of each server ran the entry point and hooked targets, by title."""
+    from types import SimpleNamespace
+
+    log = tmp_path / "with-prefill.log"
+    tag, plugins, registry = "[realsrv plugin trace pid=", "sglang.srt.plugins", ".hook_registry"
+    hooked = "Applied 1 hook(s) to x.Y.{} (from: plugin=stallguard, dist=stallguard-sglang)"
+    lines = [
+        f"{tag}11] {plugins}: Executed general plugin: stallguard",
+        f"{tag}12] {plugins}: Executed general plugin: stallguard",
+        f"{tag}12] {plugins}{registry}: {hooked.format('z')}",
+        f"{tag}12] {plugins}{registry}: {hooked.format('w')}",
+        f"{tag}13] {plugins}: Loaded plugin stallguard",
+    ]
+    log.write_text("\n".join(lines))
+    prefill = SimpleNamespace(log_text=log.read_text)
+    servers = SimpleNamespace(procs={"prefill": prefill}, owns=lambda mode: True)
+    arm = SimpleNamespace(
+        servers=servers,
+        events={"processes": {"prefill": {11: "sglang::data_parallel_controller"}}},
+    )
+    assert rig.plugins_by_process(arm) == {  # type: ignore[arg-type]
+        "prefill": {
+            "sglang::data_parallel_controller": {"pid": 11, "executed": True, "hooks": 0},
+            "pid 12": {"pid": 12, "executed": True, "hooks": 2},
+            "pid 13": {"pid": 13, "executed": False, "hooks": 0},
+        }
+    }

@@ -57,9 +57,11 @@ from ._servers import (
     Proc,
     ServerDied,
     ServerSet,
+    group_processes,
     http,
     parse_metrics,
     parse_series,
+    plugin_trace,
     stop_all,
     wait_healthy,
 )
@@ -532,6 +534,24 @@ def after(arm: Arm, t0: float, sizes: tuple[int, ...] = (16, 256)) -> None:
     arm.requests["healthy_after"] = rows
     time.sleep(1.5)
     arm.fault["final"] = scrape_read(arm, t0)
+    arm.fault["series"] = {
+        m: per_series(arm.servers.metrics_text(m)) for m in ("prefill", "decode")
+    }
+
+
+#: the series :func:`per_series` keeps, by rank: which rank counted what
+PER_RANK = (GAUGES["forced"], GAUGES["transfer_failed"], GAUGES["inflight"])
+
+
+def per_series(text: str) -> list[dict[str, Any]]:
+    """The :data:`PER_RANK` samples of a ``/metrics`` page, each with its labels (with
+    ``--tp``/``--dp`` each scheduler rank has a series of its own: ``tp_rank``,
+    ``dp_rank``), the ones that are not 0."""
+    return [
+        {"name": name, "labels": labels, "value": value}
+        for name, labels, value in parse_series(text)
+        if name in PER_RANK and value
+    ]
 
 
 def scrape_read(arm: Arm, t0: float, limit: float = 60.0) -> dict[str, float]:
@@ -544,6 +564,31 @@ def scrape_read(arm: Arm, t0: float, limit: float = 60.0) -> dict[str, float]:
         time.sleep(1.0)
         row = scrape(arm, t0)
     return row
+
+
+#: the plugin loader's lines :func:`plugins_by_process` keeps (SGLang's wording, 0.5.23)
+PLUGIN_LINES = ("Executed general plugin: stallguard", "(from: plugin=stallguard")
+
+
+def plugins_by_process(arm: Arm) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per server, per process (its title, else its pid): whether SGLang's
+    ``load_plugins()`` ran stallguard's entry point there (``executed``) and how many
+    targets it then hooked for it (``hooks``), from the plugin trace (``--dp`` > 1:
+    :func:`examples.real_servers._servers.dp_env`); empty without the trace."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    titles = arm.events.get("processes", {})
+    for mode, proc in arm.servers.procs.items():
+        if mode == "router" or not arm.servers.owns(mode):
+            continue
+        names = titles.get(mode, {})
+        for pid, lines in plugin_trace(proc.log_text()).items():
+            ours = [x for x in lines if any(k in x for k in PLUGIN_LINES)]
+            out.setdefault(mode, {})[names.get(pid, f"pid {pid}")] = {
+                "pid": pid,
+                "executed": any(PLUGIN_LINES[0] in x for x in ours),
+                "hooks": sum(PLUGIN_LINES[1] in x for x in ours),
+            }
+    return out
 
 
 def forced_failure_log(arm: Arm) -> list[str]:
@@ -583,6 +628,8 @@ def run(
     arms: tuple[str, ...] = ("without", "with"),
     backend: str = "nixl",
     tp: int = 1,
+    dp: int = 1,
+    dp_rank_fix: bool = True,
     log: Any = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns what results.json holds. Always stops every process it
@@ -608,6 +655,8 @@ def run(
             decode_name="decode" if shared_decode else None,
             backend=backend,
             tp=tp,
+            dp=dp,
+            dp_rank_fix=dp_rank_fix,
         )
         made[name] = Arm(name, servers)
     batches = [list(made.values())] if not sequential else [[a] for a in made.values()]
@@ -651,6 +700,12 @@ def run(
                 )
 
             in_parallel(before, batch)
+            for a in batch:  # every process is up: the DP controller, its schedulers...
+                a.events["processes"] = {
+                    m: group_processes(p.pgid)
+                    for m, p in a.servers.procs.items()
+                    if m != "router" and a.servers.owns(m)
+                }
             log(
                 f"routers ready; the fault: decode SIGSTOPped mid-transfer of a "
                 f"{kv_mb(prompt_tokens):.0f} MB KV"
@@ -672,6 +727,7 @@ def run(
             in_parallel(lambda a: after(a, a.fault["t0"]) if "t0" in a.fault else None, batch)
             for a in batch:
                 a.fault["stallguard_log"] = forced_failure_log(a)
+                a.fault["plugins"] = plugins_by_process(a)
             mark("after_done")
             stop_all([p for a in batch for m, p in a.servers.procs.items() if a.servers.owns(m)])
             mark("stopped")
@@ -687,6 +743,8 @@ def run(
         "shared_decode": shared_decode,
         "backend": backend,
         "tp": tp,
+        "dp": dp,
+        "dp_rank_fix": dp_rank_fix if dp > 1 else None,
         "total_s": round(time.monotonic() - t_all, 1),
         "phases_s": phases,
         "arms": {
@@ -779,6 +837,15 @@ def verdict(results: dict[str, Any]) -> list[str]:
             bad.append(
                 f"with: released at +{ev['forced_s']} s, later than inflight + deadline + 5 s"
             )
+        # DP replicas share nothing: the replica holding the request fails it, the
+        # others count nothing (the final scrape's series, by rank)
+        replicas = {
+            x["labels"].get("dp_rank", "")
+            for x in g["fault"].get("series", {}).get("prefill", [])
+            if x["name"] == GAUGES["forced"]
+        }
+        if len(replicas) > 1:
+            bad.append(f"with: forced failures counted by DP ranks {sorted(replicas)}")
         client = g["fault"].get("client", {})
         if client.get("status") in (200, None):
             bad.append(f"with: the client did not get an error: {client}")
@@ -954,9 +1021,24 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="tensor parallelism of every server (ranks on gloo, one core each)",
     )
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        help="data parallelism of every server (--dp-size: replicas behind SGLang's DP "
+        "controller, each rank on a core of its own)",
+    )
+    p.add_argument(
+        "--no-dp-rank-fix",
+        action="store_true",
+        help="at --dp > 1, run SGLang 0.5.23's prefill DP rank as it is (requests sent to "
+        "a replica other than 0 then fail at bootstrap: sgl-project/sglang#29725)",
+    )
     args = p.parse_args(argv)
     if not 1 <= args.tp <= 8:
         p.error(f"--tp {args.tp}: must be 1 to 8")
+    if not 1 <= args.dp <= 8:
+        p.error(f"--dp {args.dp}: must be 1 to 8")
     if args.backend not in BACKENDS:
         p.error(f"--backend {args.backend!r}: must be one of {', '.join(BACKENDS)}")
     chunks = math.ceil(args.prompt_tokens / CHUNK) if args.prompt_tokens > 0 else 0
@@ -984,6 +1066,8 @@ def main(argv: list[str] | None = None) -> int:
         arms=tuple(args.arms.split(",")),
         backend=args.backend,
         tp=args.tp,
+        dp=args.dp,
+        dp_rank_fix=not args.no_dp_rank_fix,
         log=lambda m: print(f"[real_servers] {m}", flush=True),
     )
     text = table(results)
@@ -994,6 +1078,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, a in results["arms"].items():
         for line in a["fault"].get("stallguard_log", []):
             print(f"{name} prefill log: {line}")
+        for mode, procs in a["fault"].get("plugins", {}).items():
+            for title, got in procs.items():
+                print(
+                    f"{name} {mode}: {title} (pid {got['pid']}): stallguard entry point "
+                    f"{'run' if got['executed'] else 'NOT run'}, {got['hooks']} target(s) hooked"
+                )
     bad = verdict(results)
     for b in bad:
         print(f"NOT OK: {b}")

@@ -215,16 +215,72 @@ def server_env(stallguard_config: Path | None, extra: Mapping[str, str] = {}) ->
     return env
 
 
-def tp_env(tp: int) -> dict[str, str]:
-    """What a CPU server with *tp* ranks needs: SGLang binds each rank's OpenMP threads
-    to a NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` names cores per rank, and
-    refuses more ranks than nodes (``numa_utils.init_threads_binding``: "the total number
-    of ranks ... should be smaller than or equal to number of numa node"); this machine
-    has one node and 2 cores, so rank i gets core ``i % cores``."""
-    if tp <= 1:
+def tp_env(tp: int, dp: int = 1) -> dict[str, str]:
+    """What a CPU server with *tp* x *dp* scheduler ranks needs: SGLang binds each rank's
+    OpenMP threads to a NUMA node unless ``SGLANG_CPU_OMP_THREADS_BIND`` names cores per
+    rank, and refuses more ranks than nodes (``numa_utils.init_threads_binding``: "the
+    total number of ranks (dp_size * tp_size * pp_size ...) should be smaller than or
+    equal to number of numa node"); with the variable set it picks entry ``gpu_id``,
+    and a DP replica's ranks have ``gpu_id`` ``dp_rank * tp + tp_rank``, so the list
+    has ``tp * dp`` entries. This machine has one node and 2 cores: rank i gets core
+    ``i % cores``."""
+    ranks = tp * dp
+    if ranks <= 1:
         return {}
     cores = os.cpu_count() or 1
-    return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(tp))}
+    return {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % cores) for i in range(ranks))}
+
+
+#: SGLang's plugin loader's lines in every process (standins/_stallguard_realsrv.py)
+PLUGIN_TRACE_ENV = "STALLGUARD_REALSRV_PLUGIN_TRACE"
+#: SGLang's plain-DP prefill rank fixed (standins/_stallguard_realsrv.py)
+DP_RANK_FIX_ENV = "STALLGUARD_REALSRV_DP_RANK_FIX"
+#: how the plugin trace tags its lines: ``[realsrv plugin trace pid=<pid>] ...``
+PLUGIN_TRACE = re.compile(r"\[realsrv plugin trace pid=(\d+)\] (\S+): (.*)")
+
+
+def dp_env(dp: int, fix: bool = True) -> dict[str, str]:
+    """What the rig adds to a server at ``--dp`` > 1: the plugin trace (SGLang's plugin
+    loader's lines, dropped otherwise, show which processes, the DP controller
+    included, loaded the adapter) and, unless *fix* is False, the fix of SGLang
+    0.5.23's prefill DP rank under DP replicas (without it every request the prefill's
+    DP controller sends to a replica other than 0 fails at bootstrap:
+    sgl-project/sglang#29725)."""
+    if dp <= 1:
+        return {}
+    env = {PLUGIN_TRACE_ENV: "1"}
+    if fix:
+        env[DP_RANK_FIX_ENV] = "1"
+    return env
+
+
+def plugin_trace(log_text: str) -> dict[int, list[str]]:
+    """The plugin trace's lines of a server's log, by process id (the message only)."""
+    out: dict[int, list[str]] = {}
+    for line in log_text.splitlines():
+        m = PLUGIN_TRACE.search(line)
+        if m:
+            out.setdefault(int(m.group(1)), []).append(m.group(3))
+    return out
+
+
+def group_processes(pgid: int) -> dict[int, str]:
+    """pid -> the process's title (``/proc/<pid>/cmdline``, which SGLang's
+    ``setproctitle`` rewrites: ``sglang::data_parallel_controller``,
+    ``sglang::scheduler_DP1``, ...) for every process of the group *pgid*."""
+    out: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
+                continue
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(entry)] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    return out
 
 
 @dataclass
@@ -253,6 +309,12 @@ class ServerSet:
     #: tensor parallelism of both servers (``--tp``; on a CPU each rank is a scheduler
     #: process on gloo, bound to a core of its own: :func:`tp_env`)
     tp: int = 1
+    #: data parallelism of both servers (``--dp-size``: *dp* scheduler replicas behind
+    #: SGLang's DP controller process, each with *tp* ranks; one core per rank too)
+    dp: int = 1
+    #: at dp > 1, SGLang's plain-DP prefill rank fixed in the servers
+    #: (:func:`dp_env`; standins/_stallguard_realsrv.py)
+    dp_rank_fix: bool = True
     ports: dict[str, int] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     started_at: float = 0.0
@@ -278,6 +340,12 @@ class ServerSet:
         argv += ["--chunked-prefill-size", str(self.chunked_prefill_size)]
         argv += ["--port", str(self.ports[mode]), "--disaggregation-mode", mode]
         argv += ["--tp", str(self.tp)]
+        if self.dp > 1:
+            # SGLang's DP controller in front of dp scheduler replicas; the prefill's
+            # default dispatch in PD mode is follow_bootstrap_room (the replica is the
+            # router's bootstrap room modulo dp, which the decode computes the same
+            # way), the decode's round_robin
+            argv += ["--dp-size", str(self.dp)]
         if mode == "prefill":
             argv += ["--disaggregation-bootstrap-port", str(self.ports["bootstrap"])]
         else:
@@ -317,7 +385,14 @@ class ServerSet:
             self.procs[mode] = spawn(
                 name,
                 self.server_argv(mode),
-                server_env(config, {**BACKEND_ENV[self.backend], **tp_env(self.tp)}),
+                server_env(
+                    config,
+                    {
+                        **BACKEND_ENV[self.backend],
+                        **tp_env(self.tp, self.dp),
+                        **dp_env(self.dp, self.dp_rank_fix),
+                    },
+                ),
                 self.logs / f"{name}.log",
             )
 

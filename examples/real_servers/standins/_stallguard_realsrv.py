@@ -34,6 +34,34 @@ file (see its docstring) and two server flags (examples/real_servers/_servers.py
 ``CPU_STANDIN_FLAGS``).
 
 Set ``STALLGUARD_REALSRV_STANDINS=0`` to load SGLang without them (to see the errors).
+
+**Not a stand-in either: SGLang's plain-DP prefill rank, fixed.** With
+``STALLGUARD_REALSRV_DP_RANK_FIX=1`` (the rig sets it at ``--dp`` > 1, unless
+``--no-dp-rank-fix``), ``CommonKVManager`` (``disaggregation/common/conn.py``) takes
+its replica's DP rank as its ``attn_dp_rank`` when the server runs DP replicas
+(``--dp-size`` > 1, no DP attention). In 0.5.23 a prefill sender compares
+``kv_mgr.attn_dp_rank`` with ``bootstrap_room % num_dp_ranks`` (``CommonKVSender``'s
+``follow_bootstrap_room`` check) and registers it as the request's DP rank
+(``_register_prefill_dp_rank``); with DP replicas ``attn_dp_rank`` is 0 on every
+replica, so every request the DP controller sends to a replica other than 0 fails at
+bootstrap ("follow_bootstrap_room conflict: dispatched to dp_rank 0 but bootstrap_room
+... implies dp_rank 1"), on a GPU host as here (sgl-project/sglang#29725; the fixes
+proposed, #29730 and #29733, use the replica's rank at both places, as the bootstrap
+server's registration already does). The manager's ``attn_dp_rank`` is read only there
+and in that registration payload, where the bootstrap server ignores it once
+``system_dp_size`` > 1.
+
+**Not a stand-in: the plugin trace.** With ``STALLGUARD_REALSRV_PLUGIN_TRACE=1`` (the rig
+sets it at ``--dp`` > 1) SGLang's own plugin loader (loggers ``sglang.srt.plugins`` and
+``sglang.srt.plugins.hook_registry``) logs at INFO to stderr, each line tagged
+``[realsrv plugin trace pid=<pid>]``: "Executed general plugin: stallguard" and "Applied
+1 hook(s) to <target> (from: plugin=stallguard, dist=stallguard-sglang)" in every
+process that calls ``load_plugins()``. SGLang calls it before it configures its loggers
+(the launcher, the DP controller, each scheduler, the detokenizer), so those lines are
+otherwise dropped; this is how the rig shows which processes loaded the adapter, the DP
+controller included (the adapter logs its own line only in processes that run a queue).
+Only those two loggers get a handler: the adapter's own (``stallguard.sglang``) is left
+alone, so it behaves as without the trace.
 """
 
 from __future__ import annotations
@@ -70,8 +98,29 @@ def _host_tensor_indices(module: types.ModuleType) -> None:
         sender.supports_host_tensor_indices = False
 
 
+def _replica_dp_rank(module: types.ModuleType) -> None:
+    """``CommonKVManager``: a DP replica's rank as its ``attn_dp_rank`` (the fix of
+    sgl-project/sglang#29725 described above)."""
+    manager = getattr(module, "CommonKVManager", None)
+    init = getattr(manager, "__init__", None)
+    if manager is None or getattr(init, "_stallguard_realsrv_standin", False):
+        return
+
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)
+        system_dp_size = getattr(self, "system_dp_size", 1) or 1
+        if system_dp_size > 1 and getattr(self, "attn_dp_size", 1) == 1:
+            self.attn_dp_rank = getattr(self, "system_dp_rank", 0)  # type: ignore[attr-defined]
+
+    __init__._stallguard_realsrv_standin = True  # type: ignore[attr-defined]
+    manager.__init__ = __init__
+
+
 #: module -> what to do to it right after it is imported
 PATCHES = {NIXL_CONN: _host_memory_kinds, MOONCAKE_CONN: _host_tensor_indices}
+COMMON_CONN = "sglang.srt.disaggregation.common.conn"
+#: SGLang's plain-DP prefill rank fix (not a stand-in; see the module's docstring)
+DP_RANK_FIX_ENV = "STALLGUARD_REALSRV_DP_RANK_FIX"
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -101,8 +150,35 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+#: The rig's diagnostic (not a stand-in): SGLang's plugin loader's INFO lines to stderr
+PLUGIN_TRACE_ENV = "STALLGUARD_REALSRV_PLUGIN_TRACE"
+#: What each traced line starts with (the pid joins it to a process of the server)
+PLUGIN_TRACE_TAG = "[realsrv plugin trace pid="
+
+
+def trace_plugin_loading() -> None:
+    """SGLang's plugin loader's INFO records to stderr, tagged with the pid (idempotent)."""
+    import logging
+
+    logger = logging.getLogger("sglang.srt.plugins")
+    if any(getattr(h, "_stallguard_realsrv_trace", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(PLUGIN_TRACE_TAG + "%(process)d] %(name)s: %(message)s"))
+    handler._stallguard_realsrv_trace = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)  # hook_registry's records propagate to it
+    logger.setLevel(logging.INFO)
+
+
 def install() -> None:
+    if os.environ.get(PLUGIN_TRACE_ENV, "") == "1":
+        trace_plugin_loading()
+    if os.environ.get(DP_RANK_FIX_ENV, "") == "1":
+        PATCHES[COMMON_CONN] = _replica_dp_rank
     if os.environ.get("STALLGUARD_REALSRV_STANDINS", "1") == "0":
+        PATCHES.pop(NIXL_CONN)
+        PATCHES.pop(MOONCAKE_CONN)
+    if not PATCHES:
         return
     for name, patch in PATCHES.items():
         if name in sys.modules:  # imported before us: patch it in place

@@ -63,7 +63,7 @@ from ._guard import (
     _trace_parent,
     model_attribute,
 )
-from ._hooks import Site, _tp_rank, around_queue
+from ._hooks import Site, _dp_rank, _tp_rank, around_queue
 from ._hooks import update_status_around as _prefill_update_status
 from ._profiles import decode_deadlines, decode_support_table, format_support_table
 from ._runtime import Runtime, report_error, runtime
@@ -243,11 +243,15 @@ class _DecodeGuard(QueueMembership):
         kind: str,
         tp_rank: int | None,
         metric_labels: dict[str, str] | None = None,
+        *,
+        dp_rank: int | None = None,
     ) -> None:
         config = rt.config
         self.rt = rt
         self.kind = kind  # "prealloc" | "transfer"
         self.tp_rank = tp_rank
+        #: the scheduler's data-parallel rank (``--dp-size`` > 1 only; as on prefill)
+        self.dp_rank = dp_rank
         #: SGLang's own scheduler metric labels (model_name, tp_rank, ...), for joins
         self.metric_labels: dict[str, str] = metric_labels or {}
         self.phase_of: Callable[[Any, int | None], str] = (
@@ -311,6 +315,7 @@ class _DecodeGuard(QueueMembership):
                 bootstrap_room=entry.room,
                 backend=entry.backend,
                 tp_rank=self.tp_rank,
+                dp_rank=self.dp_rank,
                 queue=self.kind,
             ),
             **model_attribute(self.metric_labels),
@@ -613,8 +618,9 @@ def _guard(queue_obj: Any, kind: str) -> _DecodeGuard | None:
         _log_table(rt)
         sched = getattr(queue_obj, "scheduler", None)
         tp_rank = _tp_rank(sched)
-        labels = _metrics.prepare(_metrics.scheduler_labels(sched, tp_rank))
-        guard = _DecodeGuard(rt, kind, tp_rank, labels)
+        sglang_labels = _metrics.scheduler_labels(sched, tp_rank)
+        labels = _metrics.prepare(sglang_labels)
+        guard = _DecodeGuard(rt, kind, tp_rank, labels, dp_rank=_dp_rank(sglang_labels))
         setattr(queue_obj, _GUARD, guard)
         return guard
     except Exception:

@@ -117,7 +117,9 @@ class Lane:
         )
         self.events: collections.deque[tuple[Entry, int, float]] = collections.deque()
         #: the span attributes every request of this lane shares (absent ones left out)
-        self.static = _attributes(backend=backend, tp_rank=guard.tp_rank, queue=guard.kind)
+        self.static = _attributes(
+            backend=backend, tp_rank=guard.tp_rank, dp_rank=guard.dp_rank, queue=guard.kind
+        )
         self.static.update(model_attribute(guard.metric_labels))
         self.stats = LaneStats(
             wd, guard.kind, backend, guard.tp_rank, wd.clock, guard.metric_labels
@@ -341,10 +343,15 @@ class QueueGuard(QueueMembership):
         kind: QueueKind,
         tp_rank: int | None,
         metric_labels: Mapping[str, str] | None = None,
+        *,
+        dp_rank: int | None = None,
     ) -> None:
         self.rt = rt
         self.kind: QueueKind = kind
         self.tp_rank = tp_rank
+        #: the scheduler's data-parallel rank (``--dp-size`` > 1 only: each replica is a
+        #: scheduler with the same tp_rank, and only this tells them apart on a span)
+        self.dp_rank = dp_rank
         #: SGLang's own scheduler metric labels (model_name, tp_rank, ...), for joins
         self.metric_labels: Mapping[str, str] = metric_labels or {}
         QueueMembership.__init__(self)

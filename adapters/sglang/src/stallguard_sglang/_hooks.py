@@ -14,7 +14,7 @@ counted (``Runtime.errors``), and SGLang's method runs regardless.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +182,15 @@ def _tp_rank(sched: Any) -> int | None:
     return None
 
 
+def _dp_rank(sglang_labels: Mapping[str, str]) -> int | None:
+    """The scheduler's data-parallel rank, from SGLang's own ``dp_rank`` metric label,
+    which SGLang sets only in a data-parallel server (``--dp-size`` > 1); None
+    otherwise. Read from the labels before :func:`_metrics.prepare`, which keeps only
+    the label names the process's first guard fixed."""
+    value = str(sglang_labels.get("dp_rank", ""))
+    return int(value) if value.isdigit() else None
+
+
 def _new_guard(owner: Any, site: Site) -> QueueGuard | None:
     rt = runtime()
     if rt is None:
@@ -190,8 +199,9 @@ def _new_guard(owner: Any, site: Site) -> QueueGuard | None:
         sched = site.scheduler(owner)
         rt.log_support_table(_scheduler_backends(sched))
         tp_rank = _tp_rank(sched)
-        labels = _metrics.prepare(_metrics.scheduler_labels(sched, tp_rank))
-        guard = QueueGuard(rt, site.kind, tp_rank, labels)
+        sglang_labels = _metrics.scheduler_labels(sched, tp_rank)
+        labels = _metrics.prepare(sglang_labels)
+        guard = QueueGuard(rt, site.kind, tp_rank, labels, dp_rank=_dp_rank(sglang_labels))
         setattr(owner, site.guard_attr, guard)
         return guard
     except Exception:
