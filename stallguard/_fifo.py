@@ -1,19 +1,32 @@
 """The watchdog's records and deadline clocks (lazy FIFOs); see :mod:`stallguard._watchdog`.
 
 A tracked request is one :class:`Rec`. Each deadline clock is a :class:`Clock`: a
-``deque`` of ``(start, record, generation)`` in time order, where only the head can be
-due; :meth:`Clock.push` is the one way an entry is added.
+``deque`` of ``(start, key, stamp)`` in time order, where only the head can be due;
+:meth:`Clock.push` is the one way an entry is added.
+
+An entry names its request by **key**, not by record, and its record by a **stamp**
+(a record's generations are numbered from a base no other record of the process
+shares: ``rec.gen`` for its state entries, ``rec.born`` for its lifetime entry). So an
+entry holds a float, the key and an int: with the usual keys (ints, strings, tuples of
+them) CPython's collector stops tracking such a tuple at its first young collection,
+and a state change leaves nothing for the full collections to walk. (With records in
+the entries, every state change left one tracked tuple alive until its FIFO dropped it,
+and the full collections those survivors made due cost more than the rest of the state
+change: docs/performance.md, issue 25.) An entry holds while the key's record is the one
+its stamp names; a key forgotten and tracked again gets a new record and a new base, so
+its old entries stay stale.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ._spec import State, state_label
 
-__all__ = ["DEAD", "NEW", "Clock", "Note", "Rec", "Slot"]
+__all__ = ["DEAD", "LIFETIME", "NEW", "STALL", "STATE", "Clock", "Note", "Rec", "Slot"]
 
 _INF = float("inf")
 #: a record's generation once it is untracked: every FIFO entry for it is stale
@@ -37,64 +50,90 @@ class Note:
         self.links: tuple[Any, ...] = ()
 
 
-class Rec:
-    """One tracked request. ``gen`` counts its state entries (:data:`DEAD` once
-    untracked): a FIFO entry made in another generation is stale."""
+#: generation bases: record *i* of the process numbers its generations from i << 32
+_BASES = itertools.count(1 << 32, 1 << 32)
 
-    __slots__ = ("beat", "gen", "key", "note", "since", "slot")
+
+class Rec:
+    """One tracked request. ``gen`` stamps its state entries (:data:`DEAD` once
+    untracked): a FIFO entry with another stamp is stale. ``born`` stamps its lifetime
+    entry. Both are unique to the record in the process (see the module's docstring)."""
+
+    __slots__ = ("beat", "born", "gen", "key", "note", "since", "slot")
 
     def __init__(self, key: Any, slot: Slot, since: float) -> None:
         self.key = key
         self.slot = slot
         self.since = since
-        self.gen = 0
+        self.gen = self.born = next(_BASES)
         self.beat = since
         self.note: Note | None = None
 
 
-Entry = tuple[float, Rec, int]
+#: ``(start, key, stamp)``
+Entry = tuple[float, Any, int]
+
+#: the kinds of clock, each with its rule for when an entry holds
+STATE = "state"
+STALL = "stall"
+LIFETIME = "lifetime"
 
 
-def state_entry(entry: Entry) -> bool:
-    """A state clock's entry holds while its request is in the state it was made for."""
-    return entry[1].gen == entry[2]
+def holds(kind: str, where: dict[Any, Rec]) -> Callable[[Entry], Rec | None]:
+    """The record an entry of a *kind* clock still holds for, or None if it is stale:
+    a state clock's entry holds while its request is in the state it was made for; a
+    progress window's until the state ends or a renewal replaces it; a lifetime
+    entry while the request is tracked (by the same record)."""
+    get = where.get
 
+    if kind == STATE:
 
-def stall_entry(entry: Entry) -> bool:
-    """A progress window's entry holds until the state ends or a renewal replaces it."""
-    rec = entry[1]
-    return rec.gen == entry[2] and rec.beat == entry[0]
+        def state(entry: Entry) -> Rec | None:
+            rec = get(entry[1])
+            return rec if rec is not None and rec.gen == entry[2] else None
 
+        return state
+    if kind == STALL:
 
-def life_entry(entry: Entry) -> bool:
-    """A lifetime entry holds while the request is tracked."""
-    return entry[1].gen != DEAD
+        def stall(entry: Entry) -> Rec | None:
+            rec = get(entry[1])
+            if rec is not None and rec.gen == entry[2] and rec.beat == entry[0]:
+                return rec
+            return None
+
+        return stall
+
+    def lifetime(entry: Entry) -> Rec | None:
+        rec = get(entry[1])
+        return rec if rec is not None and rec.born == entry[2] else None
+
+    return lifetime
 
 
 class Clock:
-    """A lazy FIFO of ``(start, record, generation)``: one deadline clock."""
+    """A lazy FIFO of ``(start, key, stamp)``: one deadline clock."""
 
     __slots__ = ("limit", "q", "reason", "seconds", "valid")
 
-    def __init__(self, seconds: float, reason: str, valid: Callable[[Entry], bool]) -> None:
+    def __init__(self, seconds: float, reason: str, where: dict[Any, Rec]) -> None:
         self.q: deque[Entry] = deque()
         self.seconds = seconds
         self.reason = reason
-        #: whether an entry still holds (else it is stale)
-        self.valid = valid
+        #: the record an entry still holds for (None: it is stale)
+        self.valid = holds(reason, where)
         #: compact when the FIFO grows past this (amortised O(1) per append)
         self.limit = _SLACK
 
     def push(self, start: float, rec: Rec, gen: int, ordered: bool) -> float:
-        """Append *rec*'s entry starting at *start*, raised to the latest start on this
-        clock if earlier (the FIFO stays in time order: only its head can be due; the
-        caller says with *ordered* that *start* is the watchdog's latest reading, which
-        no start on the clock exceeds); returns the start it got. Compacts when stale
-        entries pile up."""
+        """Append *rec*'s entry (stamp *gen*) starting at *start*, raised to the latest
+        start on this clock if earlier (the FIFO stays in time order: only its head can
+        be due; the caller says with *ordered* that *start* is the watchdog's latest
+        reading, which no start on the clock exceeds); returns the start it got.
+        Compacts when stale entries pile up."""
         q = self.q
         if not ordered and q and q[-1][0] > start:
             start = q[-1][0]
-        q.append((start, rec, gen))
+        q.append((start, rec.key, gen))
         if len(q) > self.limit:
             self.compact()
         return start
@@ -105,13 +144,24 @@ class Clock:
         valid = self.valid
         while q:
             entry = q[0]
-            if valid(entry):
+            if valid(entry) is not None:
                 return entry
             q.popleft()
         return None
 
+    def live(self) -> list[tuple[Entry, Rec]]:
+        """Every live entry with its record, in FIFO order (the views)."""
+        valid = self.valid
+        out = []
+        for entry in self.q:
+            rec = valid(entry)
+            if rec is not None:
+                out.append((entry, rec))
+        return out
+
     def compact(self) -> None:
-        self.q = deque(filter(self.valid, self.q))
+        valid = self.valid
+        self.q = deque(entry for entry in self.q if valid(entry) is not None)
         self.limit = 2 * len(self.q) + _SLACK
 
     def tail(self) -> float:
@@ -135,7 +185,7 @@ class Slot:
         "timer",
     )
 
-    def __init__(self, state: State, deadline: Any) -> None:
+    def __init__(self, state: State, deadline: Any, where: dict[Any, Rec]) -> None:
         self.state = state
         self.label = state_label(state)
         self.terminal = deadline is None
@@ -144,11 +194,9 @@ class Slot:
         self.stall: float | None = None if deadline is None else deadline.stall
         #: the state deadline's FIFO (None: terminal, or no state deadline)
         self.timer: Clock | None = (
-            None if self.seconds is None else Clock(self.seconds, "state", state_entry)
+            None if self.seconds is None else Clock(self.seconds, STATE, where)
         )
-        self.stalls: Clock | None = (
-            None if self.stall is None else Clock(self.stall, "stall", stall_entry)
-        )
+        self.stalls: Clock | None = None if self.stall is None else Clock(self.stall, STALL, where)
         #: report mode: records whose state deadline was reported -> state start
         self.parked: dict[Rec, float] = {}
         #: the state's time-in-state histogram (None: statistics off, or terminal)
@@ -165,14 +213,17 @@ class Slot:
         return oldest
 
 
-def build(spec: Any) -> tuple[dict[State, Slot], tuple[Slot, ...], Clock | None, tuple[Clock, ...]]:
+def build(
+    spec: Any, where: dict[Any, Rec]
+) -> tuple[dict[State, Slot], tuple[Slot, ...], Clock | None, tuple[Clock, ...]]:
     """A spec's slots (by state), its live slots, its lifetime clock (or None), and
     every clock that can fire, in tie-break order: state deadlines, progress windows,
-    lifetime (the most specific reason first)."""
-    slots = {state: Slot(state, deadline) for state, deadline in spec.deadlines.items()}
-    slots.update((state, Slot(state, None)) for state in spec.terminal)
+    lifetime (the most specific reason first). *where*: the watchdog's records by key,
+    through which the clocks' entries find theirs."""
+    slots = {state: Slot(state, deadline, where) for state, deadline in spec.deadlines.items()}
+    slots.update((state, Slot(state, None, where)) for state in spec.terminal)
     live = tuple(s for s in slots.values() if not s.terminal)
-    life = None if spec.lifetime is None else Clock(spec.lifetime, "lifetime", life_entry)
+    life = None if spec.lifetime is None else Clock(spec.lifetime, LIFETIME, where)
     clocks = [s.timer for s in live if s.timer is not None]
     clocks += [s.stalls for s in live if s.stalls is not None]
     if life is not None:
@@ -206,13 +257,13 @@ def pop_due(
         q = clock.q
         seconds = clock.seconds
         valid = clock.valid
-        state_clock = valid is state_entry  # the common case, tested inline
         while q:
             entry = q[0]
-            start, rec, mark = entry
-            if (rec.gen != mark) if state_clock else not valid(entry):
+            rec = valid(entry)
+            if rec is None:
                 q.popleft()  # stale: the request left this state or window
                 continue
+            start = entry[0]
             due = start + seconds
             if due > now:
                 if due < next_due:
@@ -225,4 +276,4 @@ def pop_due(
 
 #: the slot of a record that is being created: it leaves no state (no time in state, no
 #: leave notification) when it enters its first one
-NEW = Slot("(new)", None)
+NEW = Slot("(new)", None, {})

@@ -141,10 +141,10 @@ def footprint(wd: Watchdog[Any]) -> dict[str, int]:
         for slot in wd._live:
             for clock in (slot.timer, slot.stalls):
                 if clock is not None:
-                    sizes[f"{slot.label}.{clock.reason}"] = sum(map(clock.valid, clock.q))
+                    sizes[f"{slot.label}.{clock.reason}"] = len(clock.live())
             sizes[f"{slot.label}.parked"] = len(slot.parked)
         if wd._life is not None:
-            sizes["lifetime"] = sum(map(wd._life.valid, wd._life.q))
+            sizes["lifetime"] = len(wd._life.live())
         sizes["carried"] = len(wd._carry)
         #: every FIFO entry, stale ones included
         sizes["entries"] = sum(len(c.q) for c in wd._clocks)
@@ -167,8 +167,8 @@ def overdue(wd: Watchdog[Any], now: float) -> list[tuple[Any, str]]:
     FIFO (tests: after a check at *now*, there is none)."""
     with wd._lock:
         return [
-            (entry[1].key, clock.reason)
+            (rec.key, clock.reason)
             for clock in wd._clocks
-            for entry in clock.q
-            if clock.valid(entry) and entry[0] + clock.seconds <= now
+            for entry, rec in clock.live()
+            if entry[0] + clock.seconds <= now
         ]

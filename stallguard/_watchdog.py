@@ -6,7 +6,9 @@ Design (docs/watchdog.md, "How it works", says more):
   the state, the last renewal of its progress window, and a generation that counts its
   state entries.
 * Every deadline clock (each state's deadline, each progress window, the lifetime) is a
-  **lazy FIFO**: a ``deque`` of ``(start, record, stamp)`` appended in time order. Every
+  **lazy FIFO**: a ``deque`` of ``(start, key, stamp)`` appended in time order (the
+  key, not the record: such a tuple is one CPython's collector stops tracking, see
+  ``_fifo``). Every
   entry on one clock shares one duration, so entries fall due in the order they were
   appended and only the head can be due. Leaving a state does not touch the FIFO: it
   bumps the record's generation, which makes the old entry stale; stale entries are dropped
@@ -173,8 +175,8 @@ class Watchdog(Generic[K]):
         self._live: tuple[Slot, ...]
         self._life: Clock | None
         self._clocks: tuple[Clock, ...]
-        self._slots, self._live, self._life, self._clocks = build_clocks(spec)
         self._where: dict[K, Rec] = {}
+        self._slots, self._live, self._life, self._clocks = build_clocks(spec, self._where)
         self._gone: OrderedDict[K, bool] = OrderedDict()
         self._next_due = _INF
         #: the latest clock reading taken under the lock: a later one is never earlier
@@ -322,7 +324,7 @@ class Watchdog(Generic[K]):
     def _born(self, rec: Rec, now: float, ordered: bool) -> None:
         """A new record's lifetime entry (lock held)."""
         life: Clock = self._life  # type: ignore[assignment]
-        due = life.push(now, rec, 0, ordered) + life.seconds
+        due = life.push(now, rec, rec.born, ordered) + life.seconds
         if due < self._next_due:
             self._next_due = due
 
