@@ -22,11 +22,12 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from ._spec import State, state_label
 
-__all__ = ["DEAD", "LIFETIME", "NEW", "STALL", "STATE", "Clock", "Note", "Rec", "Slot"]
+__all__ = ["DEAD", "LIFETIME", "NEW", "STALL", "STATE", "Clock", "Note", "Rec", "Slot", "Young"]
 
 _INF = float("inf")
 #: a record's generation once it is untracked: every FIFO entry for it is stale
@@ -59,7 +60,7 @@ class Rec:
     untracked): a FIFO entry with another stamp is stale. ``born`` stamps its lifetime
     entry. Both are unique to the record in the process (see the module's docstring)."""
 
-    __slots__ = ("beat", "born", "gen", "key", "note", "since", "slot")
+    __slots__ = ("beat", "born", "gen", "key", "lifestart", "note", "since", "slot", "young")
 
     def __init__(self, key: Any, slot: Slot, since: float) -> None:
         self.key = key
@@ -68,6 +69,10 @@ class Rec:
         self.gen = self.born = next(_BASES)
         self.beat = since
         self.note: Note | None = None
+        #: not admitted yet: no entry on any clock (see Young)
+        self.young = True
+        #: the start of its lifetime
+        self.lifestart = since
 
 
 #: ``(start, key, stamp)``
@@ -110,19 +115,34 @@ def holds(kind: str, where: dict[Any, Rec]) -> Callable[[Entry], Rec | None]:
     return lifetime
 
 
-class Clock:
-    """A lazy FIFO of ``(start, key, stamp)``: one deadline clock."""
+def _entry(item: tuple[float, int, Any]) -> Entry:
+    """A heap item ``(start, stamp, key)`` as an entry ``(start, key, stamp)``."""
+    return (item[0], item[2], item[1])
 
-    __slots__ = ("limit", "q", "reason", "seconds", "valid")
+
+class Clock:
+    """One deadline clock: a lazy FIFO of ``(start, key, stamp)`` in time order (the
+    entries made by state changes and renewals of admitted records), and a heap of the
+    entries made when a record was admitted (:class:`Young`), whose starts are older
+    than the FIFO's tail, as ``(start, stamp, key)`` (a stamp is unique to a record's
+    generation, so no two items compare their keys; and, as a FIFO entry, such a tuple
+    is one the garbage collector stops tracking)."""
+
+    __slots__ = ("heap", "last", "limit", "q", "reason", "seconds", "valid")
 
     def __init__(self, seconds: float, reason: str, where: dict[Any, Rec]) -> None:
         self.q: deque[Entry] = deque()
+        self.heap: list[tuple[float, int, Any]] = []
         self.seconds = seconds
         self.reason = reason
         #: the record an entry still holds for (None: it is stale)
         self.valid = holds(reason, where)
-        #: compact when the FIFO grows past this (amortised O(1) per append)
+        #: compact when the FIFO or the heap grows past this (amortised O(1) per append)
         self.limit = _SLACK
+        #: the latest start given on this clock, to a young record or on the FIFO: an
+        #: ``at=`` earlier than it is raised to it, whether or not the record is young
+        #: (so a deadline starts where it would if every record were on the FIFO)
+        self.last = -_INF
 
     def push(self, start: float, rec: Rec, gen: int, ordered: bool) -> float:
         """Append *rec*'s entry (stamp *gen*) starting at *start*, raised to the latest
@@ -130,30 +150,60 @@ class Clock:
         be due; the caller says with *ordered* that *start* is the watchdog's latest
         reading, which no start on the clock exceeds); returns the start it got.
         Compacts when stale entries pile up."""
+        if not ordered and self.last > start:
+            start = self.last
+        self.last = start
         q = self.q
-        if not ordered and q and q[-1][0] > start:
-            start = q[-1][0]
         q.append((start, rec.key, gen))
         if len(q) > self.limit:
             self.compact()
         return start
 
+    def start(self, start: float, ordered: bool) -> float:
+        """The start a young record's entry gets (as push() would give it), without an
+        entry."""
+        if not ordered and self.last > start:
+            start = self.last
+        self.last = start
+        return start
+
+    def renew(self, now: float, rec: Rec) -> float:
+        """A progress window renewed at *now*, the latest reading: a new entry."""
+        return self.push(now, rec, rec.gen, True)
+
+    def mark(self, now: float, rec: Rec) -> float:
+        """A young record's window renewed at *now*, the latest reading: no entry."""
+        self.last = now
+        return now
+
+    def admit(self, start: float, rec: Rec, gen: int) -> None:
+        """A record's entry made at its admission: onto the heap."""
+        heap = self.heap
+        heappush(heap, (start, gen, rec.key))
+        if len(heap) > self.limit:
+            self.compact()
+
     def head(self) -> Entry | None:
-        """The first live entry, dropping stale ones on the way."""
+        """The earliest live entry (FIFO head or heap top), dropping stale ones on the
+        way."""
         q = self.q
         valid = self.valid
-        while q:
-            entry = q[0]
-            if valid(entry) is not None:
-                return entry
+        while q and valid(q[0]) is None:
             q.popleft()
-        return None
+        heap = self.heap
+        while heap and valid(_entry(heap[0])) is None:
+            heappop(heap)
+        if not heap:
+            return q[0] if q else None
+        if not q or heap[0][0] < q[0][0]:
+            return _entry(heap[0])
+        return q[0]
 
     def live(self) -> list[tuple[Entry, Rec]]:
-        """Every live entry with its record, in FIFO order (the views)."""
+        """Every live entry with its record, FIFO first, then the heap (the views)."""
         valid = self.valid
         out = []
-        for entry in self.q:
+        for entry in itertools.chain(self.q, map(_entry, self.heap)):
             rec = valid(entry)
             if rec is not None:
                 out.append((entry, rec))
@@ -162,11 +212,142 @@ class Clock:
     def compact(self) -> None:
         valid = self.valid
         self.q = deque(entry for entry in self.q if valid(entry) is not None)
-        self.limit = 2 * len(self.q) + _SLACK
+        heap = self.heap = [item for item in self.heap if valid(_entry(item)) is not None]
+        heapify(heap)
+        self.limit = 2 * max(len(self.q), len(heap)) + _SLACK
 
     def tail(self) -> float:
+        return self.last
+
+
+class Young:
+    """Deferred admission: the records not yet on any clock, in the order they were
+    made, as ``(first reading, key, born stamp)``.
+
+    A new record is *young*: its state changes and renewals write its attributes
+    (and lower ``Watchdog._next_due`` to their deadlines), and put no entry on a
+    clock. None of its deadlines can fall due before its first reading plus the
+    shortest duration of any clock (``least``): every start is at or after that
+    reading. So the watchdog admits it (its current entries onto the clocks'
+    heaps) only in a check that runs at or
+    after its first reading plus half of ``least``, and a request that ends before
+    that costs its state changes attribute writes only. ``Watchdog._next_due`` stays
+    at or before the head's first reading plus ``least``, so a check comes in time.
+    The queue is in the order of first readings: a record whose first reading (an
+    ``at=``) is earlier than the queue's tail is admitted at once instead.
+    """
+
+    __slots__ = ("least", "life", "q", "stale")
+
+    def __init__(self, least: float, life: Clock | None) -> None:
+        self.q: deque[tuple[float, Any, int]] = deque()
+        #: the shortest duration of any clock (inf: no clock)
+        self.least = least
+        #: the lifetime clock (None: no lifetime)
+        self.life = life
+        #: entries in q whose record was untracked while young
+        self.stale = 0
+
+    def add(self, rec: Rec, now: float, ordered: bool) -> float:
+        """A new record first read at *now* (lock held): its lifetime's start, and its
+        place at the end of the queue, or admitted at once if *now* (an ``at=``,
+        *ordered* False) is earlier than the queue's tail. Returns its lifetime's due
+        time (inf: none). (Each of its other deadlines lowers ``_next_due`` as it is
+        set, as for any record: a check comes in time for it, and a wake-up only for an
+        earlier deadline.)"""
+        life = self.life
+        due = _INF
+        if life is not None:
+            start = rec.lifestart = life.start(now, ordered)
+            due = start + life.seconds
         q = self.q
-        return q[-1][0] if q else -_INF
+        if not ordered and q and now < q[-1][0]:
+            rec.young = False  # (its entries: made by its state change, lifetime's here)
+            if life is not None:
+                life.admit(rec.lifestart, rec, rec.born)
+        else:
+            q.append((now, rec.key, rec.born))
+        return due
+
+    def admit(self, now: float, where: dict[Any, Rec]) -> float:
+        """A check at *now* (lock held): admit the records first read at least half
+        ``least`` ago (none of the others can be due). Returns a lower bound on the
+        deadlines of those left young: the head's first reading plus ``least``."""
+        q = self.q
+        life = self.life
+        last = now - self.least / 2
+        while q and q[0][0] <= last:
+            rec = self.pop(where)
+            if rec is not None:
+                enrol(rec, life)
+        return q[0][0] + self.least if q else _INF
+
+    def settle(self, due: float, where: dict[Any, Rec]) -> float:
+        """The exact next due time, given *due*, the clocks' (``next_deadline()``):
+        the young records that might be due before it are admitted, and their own
+        deadlines taken in (each record is admitted once)."""
+        q = self.q
+        least = self.least
+        life = self.life
+        while q and q[0][0] + least < due:
+            rec = self.pop(where)
+            if rec is not None:
+                enrol(rec, life)
+                due = min(due, due_of(rec, life))
+        return due
+
+    def gone(self, where: dict[Any, Rec]) -> None:
+        """A young record was untracked: its entry is stale. Once more than half the
+        queue is, it is compacted (amortised O(1)), so it holds no more than twice the
+        young records' keys, whether or not checks run."""
+        self.stale += 1
+        if 2 * self.stale > len(self.q):
+            get = where.get
+            self.q = deque(
+                item
+                for item in self.q
+                if (rec := get(item[1])) is not None and rec.born == item[2] and rec.young
+            )
+            self.stale = 0
+
+    def pop(self, where: dict[Any, Rec]) -> Rec | None:
+        """Take the head off; its record if it is still young, else None."""
+        _, key, born = self.q.popleft()
+        rec = where.get(key)
+        if rec is not None and rec.born == born and rec.young:
+            return rec
+        if rec is None or rec.born != born:
+            self.stale -= 1
+        return None
+
+
+def enrol(rec: Rec, life: Clock | None) -> None:
+    """Admit a young record: its state deadline, progress window and lifetime entries,
+    with the starts they got, onto the heaps of their clocks."""
+    rec.young = False
+    slot = rec.slot
+    gen = rec.gen
+    timer = slot.timer
+    if timer is not None:
+        timer.admit(rec.since, rec, gen)
+    stalls = slot.stalls
+    if stalls is not None:
+        stalls.admit(rec.beat, rec, gen)
+    if life is not None:
+        life.admit(rec.lifestart, rec, rec.born)
+
+
+def due_of(rec: Rec, life: Clock | None) -> float:
+    """The earliest deadline of a young record (its attributes; no entry)."""
+    slot = rec.slot
+    due = _INF
+    if slot.seconds is not None:
+        due = rec.since + slot.seconds
+    if slot.stall is not None:
+        due = min(due, rec.beat + slot.stall)
+    if life is not None:
+        due = min(due, rec.lifestart + life.seconds)
+    return due
 
 
 class Slot:
@@ -202,21 +383,12 @@ class Slot:
         #: the state's time-in-state histogram (None: statistics off, or terminal)
         self.hist: Any = None
 
-    def oldest(self) -> float | None:
-        """The earliest entry into this state of a request still in it (state FIFO's
-        live head, or a parked record)."""
-        head = None if self.timer is None else self.timer.head()
-        oldest = None if head is None else head[0]
-        if self.parked:
-            parked = min(self.parked.values())
-            oldest = parked if oldest is None else min(oldest, parked)
-        return oldest
-
 
 def build(
     spec: Any, where: dict[Any, Rec]
-) -> tuple[dict[State, Slot], tuple[Slot, ...], Clock | None, tuple[Clock, ...]]:
-    """A spec's slots (by state), its live slots, its lifetime clock (or None), and
+) -> tuple[dict[State, Slot], tuple[Slot, ...], Young, tuple[Clock, ...]]:
+    """A spec's slots (by state), its live slots, its young records' queue (with the
+    lifetime clock, or None), and
     every clock that can fire, in tie-break order: state deadlines, progress windows,
     lifetime (the most specific reason first). *where*: the watchdog's records by key,
     through which the clocks' entries find theirs."""
@@ -228,7 +400,9 @@ def build(
     clocks += [s.stalls for s in live if s.stalls is not None]
     if life is not None:
         clocks.append(life)
-    return slots, live, life, tuple(c for c in clocks if c is not None)
+    least = min((c.seconds for c in clocks if c is not None), default=_INF)
+    young = Young(least, life)
+    return slots, live, young, tuple(c for c in clocks if c is not None)
 
 
 def exact_due(clocks: tuple[Clock, ...]) -> float:
@@ -270,6 +444,21 @@ def pop_due(
                     next_due = due
                 break
             q.popleft()
+            add((due, rec, clock, start))
+        heap = clock.heap
+        while heap:
+            item = heap[0]
+            start = item[0]
+            rec = valid((start, item[2], item[1]))
+            if rec is None:
+                heappop(heap)
+                continue
+            due = start + seconds
+            if due > now:
+                if due < next_due:
+                    next_due = due
+                break
+            heappop(heap)
             add((due, rec, clock, start))
     return next_due
 

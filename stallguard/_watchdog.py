@@ -4,7 +4,7 @@ Design (docs/watchdog.md, "How it works", says more):
 
 * A tracked request is one record (``Rec``): its key, its state's slot, when it entered
   the state, the last renewal of its progress window, and a generation that counts its
-  state entries.
+  state entries (from a base unique to the record: ``_fifo``).
 * Every deadline clock (each state's deadline, each progress window, the lifetime) is a
   **lazy FIFO**: a ``deque`` of ``(start, key, stamp)`` appended in time order (the
   key, not the record: such a tuple is one CPython's collector stops tracking, see
@@ -60,7 +60,18 @@ from . import _delivery, _guard, _registry, _views
 from ._delivery import Listener, Plan, describe_hook
 from ._details import Expiry, Mode, new_expiry
 from ._errors import ConfigError
-from ._fifo import CONCLUDED, DEAD, EXPIRED, NEW, Clock, Rec, Slot, exact_due, pop_due
+from ._fifo import (
+    CONCLUDED,
+    DEAD,
+    EXPIRED,
+    NEW,
+    Clock,
+    Rec,
+    Slot,
+    Young,
+    exact_due,
+    pop_due,
+)
 from ._fifo import build as build_clocks
 from ._options import WatchdogOptions
 from ._options import resolve as resolve_options
@@ -173,10 +184,10 @@ class Watchdog(Generic[K]):
         self._memory = options.memory
         self._slots: dict[State, Slot]
         self._live: tuple[Slot, ...]
-        self._life: Clock | None
+        self._young: Young
         self._clocks: tuple[Clock, ...]
         self._where: dict[K, Rec] = {}
-        self._slots, self._live, self._life, self._clocks = build_clocks(spec, self._where)
+        self._slots, self._live, self._young, self._clocks = build_clocks(spec, self._where)
         self._gone: OrderedDict[K, bool] = OrderedDict()
         self._next_due = _INF
         #: the latest clock reading taken under the lock: a later one is never earlier
@@ -300,8 +311,9 @@ class Watchdog(Generic[K]):
                     self._unseen(key, slot)
                     return
                 rec = self._where[key] = Rec(key, NEW, now)
-                if self._life is not None:
-                    self._born(rec, now, at is None)
+                due = self._young.add(rec, now, at is None)  # (its lifetime's due)
+                if due < self._next_due:
+                    self._next_due = due
                 self._change(rec, slot, now, at is None)
             elif rec.slot is not slot:
                 left = self._change(rec, slot, now, at is None)
@@ -320,13 +332,6 @@ class Watchdog(Generic[K]):
                 self._late += 1
         else:
             self._late += 1
-
-    def _born(self, rec: Rec, now: float, ordered: bool) -> None:
-        """A new record's lifetime entry (lock held)."""
-        life: Clock = self._life  # type: ignore[assignment]
-        due = life.push(now, rec, rec.born, ordered) + life.seconds
-        if due < self._next_due:
-            self._next_due = due
 
     def _change(self, rec: Rec, slot: Slot, now: float, ordered: bool) -> tuple[str, float] | None:
         """*rec* leaves its state (:data:`~stallguard._fifo.NEW` for a new record) for
@@ -355,6 +360,20 @@ class Watchdog(Generic[K]):
             gen = rec.gen = rec.gen + 1
             start = now
             timer = slot.timer
+            if rec.young:  # no entry: its start only (see _fifo.Young)
+                if timer is not None:
+                    start = timer.start(now, ordered)
+                    due = start + timer.seconds
+                    if due < self._next_due:
+                        self._next_due = due
+                rec.since = start
+                stalls = slot.stalls
+                if stalls is not None:
+                    beat = rec.beat = stalls.start(now, ordered)
+                    due = beat + stalls.seconds
+                    if due < self._next_due:
+                        self._next_due = due
+                return None if old is NEW else left
             if timer is not None:
                 start = timer.push(now, rec, gen, ordered)
                 due = start + timer.seconds
@@ -418,8 +437,9 @@ class Watchdog(Generic[K]):
                     now = max(now, stalls.tail())  # the FIFO stays in time order
                 if now <= rec.beat:  # a window only ever extends (one entry per start)
                     return True
-                rec.beat = now
-                stalls.push(now, rec, rec.gen, True)
+                # (a young record gets no entry: see _fifo.Young)
+                renew = stalls.mark if rec.young else stalls.renew
+                rec.beat = renew(now, rec)
                 due = now + stalls.seconds
                 if due < self._next_due:
                     self._next_due = due
@@ -540,7 +560,8 @@ class Watchdog(Generic[K]):
         """The earliest time (on the watchdog's clock) at which a tracked request
         becomes overdue, or None if no deadline is pending."""
         with self._lock:
-            due = exact_due(self._clocks)
+            # (young records that might be due earlier are admitted: exact)
+            due = self._young.settle(exact_due(self._clocks), self._where)
             self._next_due = -_INF if self._carry else due
         return None if due == _INF else due
 
@@ -616,6 +637,8 @@ class Watchdog(Generic[K]):
         rec.gen = DEAD
         rec.note = None
         del self._where[rec.key]
+        if rec.young:
+            self._young.gone(self._where)
         if how is not None:
             self._bury(rec.key, how)
 
@@ -630,7 +653,8 @@ class Watchdog(Generic[K]):
         request, for its earliest overdue deadline. Report: every overdue (request,
         deadline) pair, each once."""
         found: list[tuple[float, Rec, Clock, float]] = []
-        next_due = pop_due(self._clocks, now, found)
+        bound = self._young.admit(now, self._where)  # (a bound on the young ones' dues)
+        next_due = min(pop_due(self._clocks, now, found), bound)
         expiries: list[Expiry[K]] = []
         left: list[tuple[str, float]] = []
         if found:

@@ -586,16 +586,26 @@ def test_a_state_change_leaves_nothing_for_the_garbage_collector():
     those collections were a third of a state change's cost)."""
     import gc
 
+    set_on_expire_hooks([])
+    clock = FakeClock(1000.0)
     stall = {**KV.deadlines, "Transferring": sg.Deadline(120, stall=5)}
-    wd = sg.Watchdog(KV.evolve(lifetime=600, deadlines=stall))
+    wd = sg.Watchdog(KV.evolve(lifetime=600, deadlines=stall), clock=clock)
     for k in range(100):
         wd.observe(k, "Bootstrapping")
+    # young records put no entry on a clock; next_deadline() admits those that might
+    # be due before the earliest deadline it knows (here: all, least = 5 s)
+    assert [e for clock in wd._clocks for e in (*clock.q, *clock.heap)] == []
+    assert wd.next_deadline() == 1300.0
+    for k in range(100):
         wd.observe(k, "Transferring")
+    clock.advance(1)
+    for k in range(100):
         wd.heartbeat(k)
     gc.collect()
-    entries = [entry for clock in wd._clocks for entry in clock.q]
-    assert len(entries) == 500  # 100 x (lifetime, 2 state entries, 2 progress windows)
-    assert not any(gc.is_tracked(entry) for entry in entries)
+    entries = [item for clock in wd._clocks for item in (*clock.q, *clock.heap)]
+    # 100 x (admitted: lifetime, Bootstrapping; then Transferring, 2 progress windows)
+    assert len(entries) == 500
+    assert [e for e in entries if gc.is_tracked(e)] == []
 
 
 @pytest.mark.parametrize("reason", ["state", "stall", "lifetime"])
