@@ -60,7 +60,18 @@ class Rec:
     untracked): a FIFO entry with another stamp is stale. ``born`` stamps its lifetime
     entry. Both are unique to the record in the process (see the module's docstring)."""
 
-    __slots__ = ("beat", "born", "gen", "key", "lifestart", "note", "since", "slot", "young")
+    __slots__ = (
+        "beat",
+        "born",
+        "first",
+        "gen",
+        "key",
+        "lifestart",
+        "note",
+        "since",
+        "slot",
+        "young",
+    )
 
     def __init__(self, key: Any, slot: Slot, since: float) -> None:
         self.key = key
@@ -73,6 +84,8 @@ class Rec:
         self.young = True
         #: the start of its lifetime
         self.lifestart = since
+        #: its first reading: no start of its is earlier (see Young)
+        self.first = since
 
 
 #: ``(start, key, stamp)``
@@ -222,7 +235,7 @@ class Clock:
 
 class Young:
     """Deferred admission: the records not yet on any clock, in the order they were
-    made, as ``(first reading, key, born stamp)``.
+    made (and of their first readings, ``Rec.first``).
 
     A new record is *young*: its state changes and renewals write its attributes
     (and lower ``Watchdog._next_due`` to their deadlines), and put no entry on a
@@ -240,7 +253,7 @@ class Young:
     __slots__ = ("least", "life", "q", "stale")
 
     def __init__(self, least: float, life: Clock | None) -> None:
-        self.q: deque[tuple[float, Any, int]] = deque()
+        self.q: deque[Rec] = deque()
         #: the shortest duration of any clock (inf: no clock)
         self.least = least
         #: the lifetime clock (None: no lifetime)
@@ -261,64 +274,58 @@ class Young:
             start = rec.lifestart = life.start(now, ordered)
             due = start + life.seconds
         q = self.q
-        if not ordered and q and now < q[-1][0]:
+        if not ordered and q and now < q[-1].first:
             rec.young = False  # (its entries: made by its state change, lifetime's here)
             if life is not None:
                 life.admit(rec.lifestart, rec, rec.born)
         else:
-            q.append((now, rec.key, rec.born))
+            q.append(rec)
         return due
 
-    def admit(self, now: float, where: dict[Any, Rec]) -> float:
+    def admit(self, now: float) -> float:
         """A check at *now* (lock held): admit the records first read at least half
         ``least`` ago (none of the others can be due). Returns a lower bound on the
         deadlines of those left young: the head's first reading plus ``least``."""
         q = self.q
         life = self.life
         last = now - self.least / 2
-        while q and q[0][0] <= last:
-            rec = self.pop(where)
+        while q and q[0].first <= last:
+            rec = self.pop()
             if rec is not None:
                 enrol(rec, life)
-        return q[0][0] + self.least if q else _INF
+        return q[0].first + self.least if q else _INF
 
-    def settle(self, due: float, where: dict[Any, Rec]) -> float:
+    def settle(self, due: float) -> float:
         """The exact next due time, given *due*, the clocks' (``next_deadline()``):
         the young records that might be due before it are admitted, and their own
         deadlines taken in (each record is admitted once)."""
         q = self.q
         least = self.least
         life = self.life
-        while q and q[0][0] + least < due:
-            rec = self.pop(where)
+        while q and q[0].first + least < due:
+            rec = self.pop()
             if rec is not None:
                 enrol(rec, life)
                 due = min(due, due_of(rec, life))
         return due
 
-    def gone(self, where: dict[Any, Rec]) -> None:
-        """A young record was untracked: its entry is stale. Once more than half the
-        queue is, it is compacted (amortised O(1)), so it holds no more than twice the
-        young records' keys, whether or not checks run."""
+    def gone(self) -> None:
+        """A young record was untracked (its generation is :data:`DEAD`): it is stale
+        in the queue. Once more than half the queue is, it is compacted (amortised
+        O(1)), so it holds no more than twice the young records, whether or not checks
+        run."""
         self.stale += 1
         if 2 * self.stale > len(self.q):
-            get = where.get
-            self.q = deque(
-                item
-                for item in self.q
-                if (rec := get(item[1])) is not None and rec.born == item[2] and rec.young
-            )
+            self.q = deque(rec for rec in self.q if rec.gen != DEAD)
             self.stale = 0
 
-    def pop(self, where: dict[Any, Rec]) -> Rec | None:
-        """Take the head off; its record if it is still young, else None."""
-        _, key, born = self.q.popleft()
-        rec = where.get(key)
-        if rec is not None and rec.born == born and rec.young:
-            return rec
-        if rec is None or rec.born != born:
+    def pop(self) -> Rec | None:
+        """Take the head off; the record if it is still tracked, else None."""
+        rec = self.q.popleft()
+        if rec.gen == DEAD:
             self.stale -= 1
-        return None
+            return None
+        return rec
 
 
 def enrol(rec: Rec, life: Clock | None) -> None:

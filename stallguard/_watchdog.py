@@ -561,7 +561,7 @@ class Watchdog(Generic[K]):
         becomes overdue, or None if no deadline is pending."""
         with self._lock:
             # (young records that might be due earlier are admitted: exact)
-            due = self._young.settle(exact_due(self._clocks), self._where)
+            due = self._young.settle(exact_due(self._clocks))
             self._next_due = -_INF if self._carry else due
         return None if due == _INF else due
 
@@ -638,7 +638,7 @@ class Watchdog(Generic[K]):
         rec.note = None
         del self._where[rec.key]
         if rec.young:
-            self._young.gone(self._where)
+            self._young.gone()
         if how is not None:
             self._bury(rec.key, how)
 
@@ -653,7 +653,7 @@ class Watchdog(Generic[K]):
         request, for its earliest overdue deadline. Report: every overdue (request,
         deadline) pair, each once."""
         found: list[tuple[float, Rec, Clock, float]] = []
-        bound = self._young.admit(now, self._where)  # (a bound on the young ones' dues)
+        bound = self._young.admit(now)  # (a bound on the young ones' dues)
         next_due = min(pop_due(self._clocks, now, found), bound)
         expiries: list[Expiry[K]] = []
         left: list[tuple[str, float]] = []
