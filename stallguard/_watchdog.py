@@ -267,9 +267,9 @@ class Watchdog(Generic[K]):
                 For changes captured (with a clock reading) where they happen and
                 applied later, e.g. by the loop that runs :meth:`check`. A finite
                 number, never later than now. To keep every deadline clock in time
-                order, an *at* earlier than the start of the latest entry on that clock
-                is raised to it, and a state never starts before the one it ends: a
-                deadline may start a little later than *at*, never earlier.
+                order, an *at* earlier than the latest start given on that clock (to
+                any request) is raised to it, and a state never starts before the one
+                it ends: a deadline may start a little later than *at*, never earlier.
 
         Raises:
             UnknownStateError: if *state* is not declared in the spec (or is not
