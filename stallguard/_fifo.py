@@ -190,7 +190,16 @@ class Clock:
         return now
 
     def admit(self, start: float, rec: Rec, gen: int) -> None:
-        """A record's entry made at its admission: onto the heap."""
+        """A record's entry made at its admission: onto the FIFO if *start* is not
+        earlier than its tail (it stays in time order; records are admitted in the
+        order they were first seen, so one that has not changed state since usually
+        is), else onto the heap."""
+        q = self.q
+        if not q or q[-1][0] <= start:
+            q.append((start, rec.key, gen))
+            if len(q) > self.limit:
+                self.compact()
+            return
         heap = self.heap
         heappush(heap, (start, gen, rec.key))
         if len(heap) > self.limit:
