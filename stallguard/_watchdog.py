@@ -336,13 +336,13 @@ class Watchdog(Generic[K]):
     def _change(self, rec: Rec, slot: Slot, now: float, ordered: bool) -> tuple[str, float] | None:
         """*rec* leaves its state (:data:`~stallguard._fifo.NEW` for a new record) for
         *slot* at *now* (lock held): its time in the state is recorded, then a terminal
-        *slot* untracks it; a live one is entered: a new generation, and its entries on
-        the state's clock and progress window (*ordered*: *now* is the latest reading,
-        not an ``at=``, so no clock has a later start), with ``_next_due`` lowered to
-        their deadlines. Returns the leave notification (None without leave listeners).
-        (One function, not two: a call less on the hottest path.)"""
-        if not ordered and rec.since > now:
-            now = rec.since  # a state never starts before the one it ends
+        *slot* untracks it; a live one is entered: its starts on the state's clock and
+        progress window (*ordered*: *now* is the latest reading, no clock has a later
+        start), and, admitted, a new generation and their entries, with ``_next_due``
+        lowered to their deadlines. Returns the leave notification (None without leave
+        listeners). (One function, not two: a call less on the hottest path.)"""
+        if not ordered:
+            now = max(now, rec.since)  # a state never starts before the one it ends
         old = rec.slot
         if old.parked:
             old.parked.pop(rec, None)
@@ -357,12 +357,14 @@ class Watchdog(Generic[K]):
             self._untrack(rec, CONCLUDED)
         else:
             rec.slot = slot
-            gen = rec.gen = rec.gen + 1
             start = now
             timer = slot.timer
-            if rec.young:  # no entry: its start only (see _fifo.Young)
+            if rec.young:  # no entry, no new generation: its start only (_fifo.Young)
                 if timer is not None:
-                    start = timer.start(now, ordered)
+                    if ordered:  # (no start on the clock is later)
+                        timer.last = now
+                    else:
+                        start = timer.start(now, False)
                     due = start + timer.seconds
                     if due < self._next_due:
                         self._next_due = due
@@ -374,6 +376,7 @@ class Watchdog(Generic[K]):
                     if due < self._next_due:
                         self._next_due = due
                 return None if old is NEW else left
+            gen = rec.gen = rec.gen + 1
             if timer is not None:
                 start = timer.push(now, rec, gen, ordered)
                 due = start + timer.seconds
@@ -437,9 +440,7 @@ class Watchdog(Generic[K]):
                     now = max(now, stalls.tail())  # the FIFO stays in time order
                 if now <= rec.beat:  # a window only ever extends (one entry per start)
                     return True
-                # (a young record gets no entry: see _fifo.Young)
-                renew = stalls.mark if rec.young else stalls.renew
-                rec.beat = renew(now, rec)
+                rec.beat = (stalls.mark if rec.young else stalls.renew)(now, rec)  # (Young)
                 due = now + stalls.seconds
                 if due < self._next_due:
                     self._next_due = due
