@@ -8,25 +8,31 @@ Design (docs/watchdog.md, "How it works", says more):
 * Every deadline clock (each state's deadline, each progress window, the lifetime) is a
   **lazy FIFO**: a ``deque`` of ``(start, key, stamp)`` appended in time order (the
   key, not the record: such a tuple is one CPython's collector stops tracking, see
-  ``_fifo``). Every
-  entry on one clock shares one duration, so entries fall due in the order they were
-  appended and only the head can be due. Leaving a state does not touch the FIFO: it
-  bumps the record's generation, which makes the old entry stale; stale entries are dropped
-  when they reach the head (or by a compaction that keeps each FIFO within twice its
-  live entries plus a constant). A state change is therefore two attribute writes and
-  one ``deque.append``; a request that lives milliseconds against deadlines of tens of
-  seconds is never visited again.
+  ``_fifo``). Every entry on one clock shares one duration, so entries fall due in the
+  order they were appended and only the head can be due. Leaving a state does not
+  touch the FIFO: it bumps the record's generation, which makes the old entry stale;
+  stale entries are dropped when they reach the head (or by a compaction that keeps
+  each FIFO within twice its live entries plus a constant). A state change is
+  therefore a few attribute writes and one ``deque.append``.
+* **Deferred admission** (``_fifo.Young``): a new record is *young* and puts no entry
+  on any clock (its state changes are attribute writes only) until a check that runs
+  at least half the shortest duration after its first reading, or ``next_deadline()``,
+  admits it (entries with the starts it got, onto the FIFOs or a heap beside each).
+  None of its deadlines can be due before then; a request that lives milliseconds
+  against deadlines of tens of seconds never touches a clock.
 * **Time only moves forward.** Every clock reading that is appended is taken under the
   lock, where the order of the FIFOs is decided, validated (a finite number, else
   :class:`~stallguard.ClockError`), and raised to the latest reading the watchdog has
   seen (``_latest``). So each FIFO is in time order by construction (an ``at=`` is raised
-  to the FIFO's tail), and a progress window only ever extends.
+  to the latest start given on its clock), and a progress window only ever extends.
 * A state without a state deadline has no state FIFO (nothing would ever drain it):
   its requests are found through their records, and a record that left it is freed at
   once.
 * ``_next_due`` is a lower bound on the earliest due time of any FIFO head (stale or
-  not). It only moves down when something is appended, and is recomputed exactly after
-  an expiry pass, so ``check()`` with nothing due is one clock read and one comparison.
+  not) and of any young record. It only moves down when a deadline is set, and is
+  recomputed after an expiry pass (exactly, but for the young queue's head: its first
+  reading plus the shortest duration), so ``check()`` with nothing due is one clock
+  read and one comparison.
 * No thread, task or timer exists per request; expiries are decided in ``check()``,
   where the owner of the requests can act on them. Hooks and listeners never run while
   the watchdog holds its lock. A ``BaseException`` raised by one of them interrupts the
