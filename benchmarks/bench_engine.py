@@ -10,7 +10,12 @@ process, so that every arm sees the same machine, and prints ratios:
 * ``previous``: the watchdog as of git revision ``--previous`` (default ``0b9bc74``, the
   ``OrderedDict`` engine), extracted from this repository's history into a temporary
   directory and imported as a separate package;
-* ``naive scan``'s plain dict update and ``asyncio call_at`` (from bench_core.py).
+* ``naive scan``'s plain dict update and ``asyncio call_at`` (from bench_core.py);
+* ``dict store`` (state change only): a bare ``dict[key] = state`` through the dict's
+  bound ``__setitem__``, the floor any tracking costs.
+
+Every timed batch is charged the garbage collections its own allocations cause and
+none of another arm's (charged()). The load average is printed beside each row.
 
 Rows (issue 14's targets): state change (no slower than the naive dict update), same-state
 observe, ``check()`` with nothing due (unchanged), one expiry per check (≤ 1.5 µs), the
@@ -76,59 +81,119 @@ class Arm:
         return self.wd.guard(key=lambda s: s.room, failed=0, state=bc.KVPOLL)(poll)  # type: ignore[no-any-return]
 
 
-#: collections the automatic collector ran, per arm (see charged())
-COLLECTIONS: dict[str, int] = {}
-_current: list[str] = [""]
+#: per arm: the time of the collections charged to it (ns), see charged()
+GC_NS: dict[str, int] = {}
+#: per arm, in the series being measured: [collection ns, operations, survivors]
+SERIES_GC: dict[str, list[int]] = {}
+#: the collections' share of each arm's figure in the last series (ns per operation),
+#: and the objects each of its operations left to generation 2
+GC_PER_OP: dict[str, float] = {}
+SURVIVORS_PER_OP: dict[str, float] = {}
+#: the size of generation 2 and the time of a full collection, measured at the start of
+#: each series (see charged())
+_long_lived = [1]
+_full_ns = [0]
 
 
-class _Trigger:
-    """Allocating one always goes through the collector's allocation count (a list or
-    a tuple may come from a free list, which does not)."""
+def measure_full_collection() -> None:
+    """Time a full collection and count generation 2 (at the start of a series): the
+    faster of two in a row (the first also frees what the setup left behind)."""
+    times = []
+    for _ in range(2):
+        t0 = bc.pc()
+        gc.collect()
+        times.append(bc.pc() - t0)
+    _full_ns[0] = min(times)
+    _long_lived[0] = max(len(gc.get_objects(generation=2)), 1)
 
 
-def _count_collections(phase: str, info: dict[str, Any]) -> None:
-    if phase == "start":
-        COLLECTIONS[_current[0]] = COLLECTIONS.get(_current[0], 0) + 1
+def _timed_collect(generation: int) -> tuple[int, int]:
+    """gc.collect(*generation*), timed by the series' timer: (ns, objects collected)."""
+    t0 = bc.pc()
+    found = gc.collect(generation)
+    return bc.pc() - t0, found
 
 
 def charged(name: str, run: Callable[[int], tuple[int, int]]) -> Callable[[int], tuple[int, int]]:
-    """*run* charged its own garbage collections. The automatic collector is off while
-    the batch runs; right after it, one allocation with the collector back on runs
-    whatever collection the batch's own allocations made due (CPython's own thresholds
-    and generation rules decide which), timed and added to this arm's batch. So a
-    collection that one arm's garbage makes due is never paid inside another arm's
-    batch (before this, the arms' batches interleaved and each paid collections that the
-    others had made due). The collections each arm ran are counted in COLLECTIONS."""
+    """*run* charged the garbage collections its own allocations cause, and none of
+    another arm's. The automatic collector is off while the batches run (the caller
+    turns it off: no collection runs between batches uncharged); after each batch:
+
+    * a collection of generation 0, then of generation 1, timed: they hold only the
+      GC-tracked objects this batch allocated (the previous batch, of whichever arm,
+      ended the same way), so their cost is this arm's own;
+    * what survives both goes to generation 2. CPython starts a full collection when
+      the survivors pending exceed a quarter of generation 2's size, so each survivor
+      costs, amortized, 4 / (generation 2's size) of a full collection: the batch is
+      charged that for each of its survivors, at the full collection's time measured
+      at the start of the series (measure_full_collection; a full collection walks the
+      whole process's heap, every arm's objects, as it would in a server). Charging
+      the rate rather than running the collection makes the charge independent of how
+      many batches a series runs: at 10^5-10^6 tracked a series of a few hundred
+      batches reaches no full collection, and at 10^3 the arm that happened to cross
+      the threshold would pay all of it.
+
+    An arm that allocates no tracked object (or only ones freed at once by reference
+    counting) pays nothing. Young collections run every batch instead of every 700
+    allocations: slightly more often than the automatic collector would, with the
+    same total work. The collections' time is kept out of the batch's sample and
+    accounted in SERIES_GC (a median would otherwise drop it); amortized() adds each
+    arm's collection time per operation, over the whole series, to every sample."""
 
     def run_charged(b: int) -> tuple[int, int]:
-        _current[0] = name
-        timer = bc.pc  # the series' timer (--timer)
-        gc.disable()
-        try:
-            dt, done = run(b)
-            t0 = timer()
-            gc.enable()
-            _Trigger()  # a GC-tracked allocation (no free list): runs any collection due
-            dt += timer() - t0
-        finally:
-            gc.enable()
-            _current[0] = ""
+        dt, done = run(b)
+        spent = _timed_collect(0)[0]
+        young = len(gc.get_objects(generation=1))  # (untimed: bookkeeping)
+        more, found = _timed_collect(1)
+        survivors = max(young - found, 0)
+        spent += more + survivors * 4 * _full_ns[0] // _long_lived[0]
+        account = SERIES_GC.setdefault(name, [0, 0, 0])
+        account[0] += spent
+        account[1] += done
+        account[2] += survivors
+        GC_NS[name] = GC_NS.get(name, 0) + spent
         return dt, done
 
     return run_charged
+
+
+def amortized(samples: dict[str, list[float]]) -> dict[str, list[float]]:
+    """*samples* (per-op times of the batches, collections left out) plus each arm's
+    collection time per operation over the series (SERIES_GC, then reset)."""
+    out = {}
+    for name, xs in samples.items():
+        spent, ops, survivors = SERIES_GC.get(name, (0, 0, 0))
+        per_op = spent / ops if ops else 0.0
+        GC_PER_OP[name] = per_op
+        SURVIVORS_PER_OP[name] = survivors / ops if ops else 0.0
+        out[name] = [x + per_op for x in xs]
+    SERIES_GC.clear()
+    return out
 
 
 def alternate(
     series: dict[str, Callable[[int], tuple[int, int]]], opts: bc.Opts
 ) -> dict[str, list[float]]:
     """Round-robin batches of every arm's series (about 1 ms each), each charged its own
-    garbage collections (charged()); per-op samples."""
-    gc.collect()
-    series = {name: charged(name, run) for name, run in series.items()}
+    garbage collections (charged(); the automatic collector stays off throughout, so
+    that no collection runs between batches uncharged); per-op samples."""
     batch = {}
-    for name, run in series.items():
+    for name, run in series.items():  # (calibrated uncharged: a batch's work, ~1 ms)
         dt, done = run(1)
         batch[name] = int(min(opts.max_batch, max(1, 1_000_000 / max(dt / max(done, 1), 1.0))))
+    measure_full_collection()
+    gc.disable()
+    try:
+        charged_series = {name: charged(name, run) for name, run in series.items()}
+        return amortized(_alternate(charged_series, batch, opts))
+    finally:
+        gc.enable()
+
+
+def _alternate(
+    series: dict[str, Callable[[int], tuple[int, int]]], batch: dict[str, int], opts: bc.Opts
+) -> dict[str, list[float]]:
+    SERIES_GC.clear()
     samples: dict[str, list[float]] = {name: [] for name in series}
     end = pc() + int(opts.budget_s * len(series) * 1e9)
     rounds = 0
@@ -205,7 +270,6 @@ def main() -> int:
         for s in (args.sizes or ("100,1000" if args.quick else "1000,10000,100000")).split(",")
     ]
     set_on_expire_hooks([])
-    gc.callbacks.append(_count_collections)
     prev = load_previous(args.previous)
     print(
         "# deadline engine: this checkout vs", args.previous, "(arms alternating batch by batch)\n"
@@ -215,10 +279,10 @@ def main() -> int:
         f"{os.getloadavg()[0]:.2f} at start\n"
     )
     print(
-        "| operation | N | stallguard | previous | naive dict | asyncio call_at "
-        "| stallguard / naive | stallguard / previous |"
+        "| operation | N | stallguard | previous | naive dict | dict store | asyncio call_at "
+        "| stallguard / naive | stallguard / dict store | stallguard / previous | load |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
         keys = bc.make_keys(n)
         arms = {
@@ -227,6 +291,7 @@ def main() -> int:
             "naive": tracked(bc.NaiveArm, keys),
             "asyncio": tracked(bc.AsyncioArm, keys),
         }
+        store = dict.fromkeys(keys, "Bootstrapping")
         same = alternate(
             {name: bc.observe_series(a.observe, keys, same=True) for name, a in arms.items()}, opts
         )
@@ -234,10 +299,17 @@ def main() -> int:
             {name: bc.check_series(arms[name].check) for name in ("stallguard", "previous")}, opts
         )
         change = alternate(
-            {name: bc.observe_series(a.observe, keys, same=False) for name, a in arms.items()}, opts
+            {name: bc.observe_series(a.observe, keys, same=False) for name, a in arms.items()}
+            | {"dict store": bc.observe_series(store.__setitem__, keys, same=False)},
+            opts,
         )
         arms["asyncio"].close()
         row("state change", n, change)
+        gc_share = ", ".join(
+            f"{k} {v:,.0f} ns ({SURVIVORS_PER_OP[k]:.2f} survivors/op)"
+            for k, v in GC_PER_OP.items()
+        )
+        print(f"|  | (of which collections: {gc_share}) |  |  |  |  |  |  |  |  |  |")
         row("same-state observe", n, same)
         row("check(), nothing due", n, idle)
         expiry = expiry_one_per_check(
@@ -267,8 +339,8 @@ def main() -> int:
         guards["asyncio"][0].close()
         row("guarded poll, added", n, polls)
     print(f"\n- load average at end {os.getloadavg()[0]:.2f}")
-    shown = ", ".join(f"{name} {count:,}" for name, count in sorted(COLLECTIONS.items()) if name)
-    print(f"- garbage collections charged to each arm's batches: {shown}")
+    shown = ", ".join(f"{name} {GC_NS[name] / 1e6:,.1f} ms" for name in sorted(GC_NS))
+    print(f"- garbage collection time charged to each arm's batches: {shown}")
     return 0
 
 
@@ -281,9 +353,11 @@ def row(op: str, n: int, samples: dict[str, list[float]]) -> None:
     naive = f"{sg_ / med(samples['naive']):.2f}" if "naive" in samples else "—"
     asyn = f"{sg_ / med(samples['asyncio']):.2f}" if "asyncio" in samples else "—"
     ref = naive if "naive" in samples else asyn
+    store = f"{sg_ / med(samples['dict store']):.2f}" if "dict store" in samples else "—"
     print(
         f"| {op} | {n:,} | {cell('stallguard')} | {cell('previous')} | {cell('naive')} | "
-        f"{cell('asyncio')} | {ref} | {sg_ / med(samples['previous']):.2f} |",
+        f"{cell('dict store')} | {cell('asyncio')} | {ref} | {store} | "
+        f"{sg_ / med(samples['previous']):.2f} | {os.getloadavg()[0]:.1f} |",
         flush=True,
     )
 

@@ -6,15 +6,19 @@ update take turns batch by batch (1,000 state changes each, every key moved to a
 state other than its own) in one process, each batch timed by this thread's CPU time
 (``time.thread_time_ns``: on a loaded shared machine it leaves out the time the process
 waits for a core) and charged the garbage collection its own allocations made due
-(bench_engine.charged: collector off during the batch, then one tracked allocation with
-it on). Fewer arms and tighter alternation than bench_engine.py: on this machine the
-ratio to the previous engine is stable to a few percent where bench_engine's moves by
-tens. Prints the medians and the ratios.
+(bench_engine.charged: the automatic collector off, each batch followed by the young
+collections of its own allocations, and charged for its survivors the share of a full
+collection that CPython's rule makes them cost).
+A fourth arm, a bare dict store (``d[key] = state`` through the bound ``__setitem__``),
+is the floor any tracking costs. Fewer arms and tighter alternation than
+bench_engine.py: on this machine the ratio to the previous engine is stable to a few
+percent where bench_engine's moves by tens. Prints the medians and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -89,27 +93,51 @@ def main() -> int:
     set_on_expire_hooks([])
     prev = be.load_previous(args.previous)
     print(f"# state change, CPU time, this checkout vs {args.previous} vs a naive locked dict\n")
-    print("| N | this | previous | naive | this / previous | this / naive | load |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| N | this | previous | naive | dict store | this / previous | this / naive "
+        "| this / dict store | load |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    shares: list[str] = []
     for n in (int(s) for s in args.sizes.split(",")):
         arms = {
             "this": watchdog(sg, n).observe,
             "previous": watchdog(prev, n).observe,
             "naive": Naive(n).observe,
+            "store": dict.fromkeys(range(n), "A").__setitem__,
         }
         runs = {name: be.charged(name, series(obs, n)) for name, obs in arms.items()}
         samples: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, run in runs.items():
-                dt, done = run(BATCH)
-                samples[name].append(dt / done)
+        be.measure_full_collection()
+        gc.disable()  # (charged() runs each arm's collections itself)
+        try:
+            for _ in range(args.rounds):
+                for name, run in runs.items():
+                    dt, done = run(BATCH)
+                    samples[name].append(dt / done)
+        finally:
+            gc.enable()
+        samples = be.amortized(samples)
         med = {name: statistics.median(xs) for name, xs in samples.items()}
         print(
             f"| {n:,} | {med['this']:,.0f} ns | {med['previous']:,.0f} ns | "
-            f"{med['naive']:,.0f} ns | {med['this'] / med['previous']:.2f} | "
-            f"{med['this'] / med['naive']:.2f} | {os.getloadavg()[0]:.0f} |",
+            f"{med['naive']:,.0f} ns | {med['store']:,.0f} ns | "
+            f"{med['this'] / med['previous']:.2f} | {med['this'] / med['naive']:.2f} | "
+            f"{med['this'] / med['store']:.2f} | {os.getloadavg()[0]:.1f} |",
             flush=True,
         )
+        shares.append(
+            f"{n:,}: "
+            + ", ".join(
+                f"{k} {v:,.0f} ({be.SURVIVORS_PER_OP[k]:.2f} survivors/op)"
+                for k, v in be.GC_PER_OP.items()
+            )
+            + f"; a full collection {be._full_ns[0] / 1e6:,.1f} ms over "
+            + f"{be._long_lived[0]:,} objects"
+        )
+    print("\n- of which garbage collection, ns per state change (in the figures above):")
+    for line in shares:
+        print(f"  - {line}")
     return 0
 
 

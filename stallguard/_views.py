@@ -36,18 +36,16 @@ _INF = float("inf")
 def _summaries(wd: Watchdog[Any], now: float) -> dict[str, StateSummary]:
     """Per live state: its count and the age of its oldest request (lock held)."""
     counts: dict[Slot, int] = dict.fromkeys(wd._live, 0)
+    first: dict[Slot, float] = dict.fromkeys(wd._live, _INF)
+    # from the records (young ones have no FIFO entry; a reported one is parked)
     for rec in wd._where.values():
-        counts[rec.slot] += 1
-    # a state without a state deadline has no FIFO: its oldest from the records
-    free = {s: _INF for s in wd._live if s.timer is None and counts[s]}
-    if free:
-        for rec in wd._where.values():
-            since = rec.since
-            if rec.slot in free and since < free[rec.slot]:
-                free[rec.slot] = since
+        slot = rec.slot
+        counts[slot] += 1
+        if rec.since < first[slot]:
+            first[slot] = rec.since
     states: dict[str, StateSummary] = {}
     for slot in wd._live:
-        oldest = free.get(slot) if slot.timer is None else slot.oldest()
+        oldest = None if first[slot] == _INF else first[slot]
         states[slot.label] = StateSummary(
             state=slot.state,
             deadline=slot.deadline,
@@ -138,16 +136,20 @@ def footprint(wd: Watchdog[Any]) -> dict[str, int]:
     """Sizes of every internal structure (tests: nothing is left behind)."""
     with wd._lock:
         sizes = {"tracked": len(wd._where), "remembered": len(wd._gone)}
+        # a young record (no entry yet) counts where its entries will be
+        young = [rec for rec in wd._where.values() if rec.young]
         for slot in wd._live:
             for clock in (slot.timer, slot.stalls):
                 if clock is not None:
-                    sizes[f"{slot.label}.{clock.reason}"] = sum(map(clock.valid, clock.q))
+                    waiting = sum(1 for rec in young if rec.slot is slot)
+                    sizes[f"{slot.label}.{clock.reason}"] = len(clock.live()) + waiting
             sizes[f"{slot.label}.parked"] = len(slot.parked)
-        if wd._life is not None:
-            sizes["lifetime"] = sum(map(wd._life.valid, wd._life.q))
+        life = wd._young.life
+        if life is not None:
+            sizes["lifetime"] = len(life.live()) + len(young)
         sizes["carried"] = len(wd._carry)
-        #: every FIFO entry, stale ones included
-        sizes["entries"] = sum(len(c.q) for c in wd._clocks)
+        #: every entry (FIFOs, heaps, young queue), stale ones included
+        sizes["entries"] = sum(len(c.q) + len(c.heap) for c in wd._clocks) + len(wd._young.q)
         return sizes
 
 
@@ -166,9 +168,20 @@ def overdue(wd: Watchdog[Any], now: float) -> list[tuple[Any, str]]:
     """Every (key, reason) with a live FIFO entry due at *now*, wherever it is in its
     FIFO (tests: after a check at *now*, there is none)."""
     with wd._lock:
-        return [
-            (entry[1].key, clock.reason)
+        out = [
+            (rec.key, clock.reason)
             for clock in wd._clocks
-            for entry in clock.q
-            if clock.valid(entry) and entry[0] + clock.seconds <= now
+            for entry, rec in clock.live()
+            if entry[0] + clock.seconds <= now
         ]
+        life = wd._young.life
+        for rec in wd._where.values():  # young ones: from their attributes
+            if rec.young:
+                slot = rec.slot
+                if slot.seconds is not None and rec.since + slot.seconds <= now:
+                    out.append((rec.key, "state"))
+                if slot.stall is not None and rec.beat + slot.stall <= now:
+                    out.append((rec.key, "stall"))
+                if life is not None and rec.lifestart + life.seconds <= now:
+                    out.append((rec.key, "lifetime"))
+        return out

@@ -4,27 +4,35 @@ Design (docs/watchdog.md, "How it works", says more):
 
 * A tracked request is one record (``Rec``): its key, its state's slot, when it entered
   the state, the last renewal of its progress window, and a generation that counts its
-  state entries.
+  state entries (from a base unique to the record: ``_fifo``).
 * Every deadline clock (each state's deadline, each progress window, the lifetime) is a
-  **lazy FIFO**: a ``deque`` of ``(start, record, stamp)`` appended in time order. Every
-  entry on one clock shares one duration, so entries fall due in the order they were
-  appended and only the head can be due. Leaving a state does not touch the FIFO: it
-  bumps the record's generation, which makes the old entry stale; stale entries are dropped
-  when they reach the head (or by a compaction that keeps each FIFO within twice its
-  live entries plus a constant). A state change is therefore two attribute writes and
-  one ``deque.append``; a request that lives milliseconds against deadlines of tens of
-  seconds is never visited again.
+  **lazy FIFO**: a ``deque`` of ``(start, key, stamp)`` appended in time order (the
+  key, not the record: such a tuple is one CPython's collector stops tracking, see
+  ``_fifo``). Every entry on one clock shares one duration, so entries fall due in the
+  order they were appended and only the head can be due. Leaving a state does not
+  touch the FIFO: it bumps the record's generation, which makes the old entry stale;
+  stale entries are dropped when they reach the head (or by a compaction that keeps
+  each FIFO within twice its live entries plus a constant). A state change is
+  therefore a few attribute writes and one ``deque.append``.
+* **Deferred admission** (``_fifo.Young``): a new record is *young* and puts no entry
+  on any clock (its state changes are attribute writes only) until a check that runs
+  at least half the shortest duration after its first reading, or ``next_deadline()``,
+  admits it (entries with the starts it got, onto the FIFOs or a heap beside each).
+  None of its deadlines can be due before then; a request that lives milliseconds
+  against deadlines of tens of seconds never touches a clock.
 * **Time only moves forward.** Every clock reading that is appended is taken under the
   lock, where the order of the FIFOs is decided, validated (a finite number, else
   :class:`~stallguard.ClockError`), and raised to the latest reading the watchdog has
   seen (``_latest``). So each FIFO is in time order by construction (an ``at=`` is raised
-  to the FIFO's tail), and a progress window only ever extends.
+  to the latest start given on its clock), and a progress window only ever extends.
 * A state without a state deadline has no state FIFO (nothing would ever drain it):
   its requests are found through their records, and a record that left it is freed at
   once.
 * ``_next_due`` is a lower bound on the earliest due time of any FIFO head (stale or
-  not). It only moves down when something is appended, and is recomputed exactly after
-  an expiry pass, so ``check()`` with nothing due is one clock read and one comparison.
+  not) and of any young record. It only moves down when a deadline is set, and is
+  recomputed after an expiry pass (exactly, but for the young queue's head: its first
+  reading plus the shortest duration), so ``check()`` with nothing due is one clock
+  read and one comparison.
 * No thread, task or timer exists per request; expiries are decided in ``check()``,
   where the owner of the requests can act on them. Hooks and listeners never run while
   the watchdog holds its lock. A ``BaseException`` raised by one of them interrupts the
@@ -58,7 +66,18 @@ from . import _delivery, _guard, _registry, _views
 from ._delivery import Listener, Plan, describe_hook
 from ._details import Expiry, Mode, new_expiry
 from ._errors import ConfigError
-from ._fifo import CONCLUDED, DEAD, EXPIRED, NEW, Clock, Rec, Slot, exact_due, pop_due
+from ._fifo import (
+    CONCLUDED,
+    DEAD,
+    EXPIRED,
+    NEW,
+    Clock,
+    Rec,
+    Slot,
+    Young,
+    exact_due,
+    pop_due,
+)
 from ._fifo import build as build_clocks
 from ._options import WatchdogOptions
 from ._options import resolve as resolve_options
@@ -171,10 +190,10 @@ class Watchdog(Generic[K]):
         self._memory = options.memory
         self._slots: dict[State, Slot]
         self._live: tuple[Slot, ...]
-        self._life: Clock | None
+        self._young: Young
         self._clocks: tuple[Clock, ...]
-        self._slots, self._live, self._life, self._clocks = build_clocks(spec)
         self._where: dict[K, Rec] = {}
+        self._slots, self._live, self._young, self._clocks = build_clocks(spec, self._where)
         self._gone: OrderedDict[K, bool] = OrderedDict()
         self._next_due = _INF
         #: the latest clock reading taken under the lock: a later one is never earlier
@@ -254,9 +273,9 @@ class Watchdog(Generic[K]):
                 For changes captured (with a clock reading) where they happen and
                 applied later, e.g. by the loop that runs :meth:`check`. A finite
                 number, never later than now. To keep every deadline clock in time
-                order, an *at* earlier than the start of the latest entry on that clock
-                is raised to it, and a state never starts before the one it ends: a
-                deadline may start a little later than *at*, never earlier.
+                order, an *at* earlier than the latest start given on that clock (to
+                any request) is raised to it, and a state never starts before the one
+                it ends: a deadline may start a little later than *at*, never earlier.
 
         Raises:
             UnknownStateError: if *state* is not declared in the spec (or is not
@@ -298,8 +317,9 @@ class Watchdog(Generic[K]):
                     self._unseen(key, slot)
                     return
                 rec = self._where[key] = Rec(key, NEW, now)
-                if self._life is not None:
-                    self._born(rec, now, at is None)
+                due = self._young.add(rec, now, at is None)  # (its lifetime's due)
+                if due < self._next_due:
+                    self._next_due = due
                 self._change(rec, slot, now, at is None)
             elif rec.slot is not slot:
                 left = self._change(rec, slot, now, at is None)
@@ -319,23 +339,16 @@ class Watchdog(Generic[K]):
         else:
             self._late += 1
 
-    def _born(self, rec: Rec, now: float, ordered: bool) -> None:
-        """A new record's lifetime entry (lock held)."""
-        life: Clock = self._life  # type: ignore[assignment]
-        due = life.push(now, rec, 0, ordered) + life.seconds
-        if due < self._next_due:
-            self._next_due = due
-
     def _change(self, rec: Rec, slot: Slot, now: float, ordered: bool) -> tuple[str, float] | None:
         """*rec* leaves its state (:data:`~stallguard._fifo.NEW` for a new record) for
         *slot* at *now* (lock held): its time in the state is recorded, then a terminal
-        *slot* untracks it; a live one is entered: a new generation, and its entries on
-        the state's clock and progress window (*ordered*: *now* is the latest reading,
-        not an ``at=``, so no clock has a later start), with ``_next_due`` lowered to
-        their deadlines. Returns the leave notification (None without leave listeners).
-        (One function, not two: a call less on the hottest path.)"""
-        if not ordered and rec.since > now:
-            now = rec.since  # a state never starts before the one it ends
+        *slot* untracks it; a live one is entered: its starts on the state's clock and
+        progress window (*ordered*: *now* is the latest reading, no clock has a later
+        start), and, admitted, a new generation and their entries, with ``_next_due``
+        lowered to their deadlines. Returns the leave notification (None without leave
+        listeners). (One function, not two: a call less on the hottest path.)"""
+        if not ordered:
+            now = max(now, rec.since)  # a state never starts before the one it ends
         old = rec.slot
         if old.parked:
             old.parked.pop(rec, None)
@@ -350,9 +363,26 @@ class Watchdog(Generic[K]):
             self._untrack(rec, CONCLUDED)
         else:
             rec.slot = slot
-            gen = rec.gen = rec.gen + 1
             start = now
             timer = slot.timer
+            if rec.young:  # no entry, no new generation: its start only (_fifo.Young)
+                if timer is not None:
+                    if ordered:  # (no start on the clock is later)
+                        timer.last = now
+                    else:
+                        start = timer.start(now, False)
+                    due = start + timer.seconds
+                    if due < self._next_due:
+                        self._next_due = due
+                rec.since = start
+                stalls = slot.stalls
+                if stalls is not None:
+                    beat = rec.beat = stalls.start(now, ordered)
+                    due = beat + stalls.seconds
+                    if due < self._next_due:
+                        self._next_due = due
+                return None if old is NEW else left
+            gen = rec.gen = rec.gen + 1
             if timer is not None:
                 start = timer.push(now, rec, gen, ordered)
                 due = start + timer.seconds
@@ -416,8 +446,7 @@ class Watchdog(Generic[K]):
                     now = max(now, stalls.tail())  # the FIFO stays in time order
                 if now <= rec.beat:  # a window only ever extends (one entry per start)
                     return True
-                rec.beat = now
-                stalls.push(now, rec, rec.gen, True)
+                rec.beat = (stalls.mark if rec.young else stalls.renew)(now, rec)  # (Young)
                 due = now + stalls.seconds
                 if due < self._next_due:
                     self._next_due = due
@@ -538,7 +567,8 @@ class Watchdog(Generic[K]):
         """The earliest time (on the watchdog's clock) at which a tracked request
         becomes overdue, or None if no deadline is pending."""
         with self._lock:
-            due = exact_due(self._clocks)
+            # (young records that might be due earlier are admitted: exact)
+            due = self._young.settle(exact_due(self._clocks))
             self._next_due = -_INF if self._carry else due
         return None if due == _INF else due
 
@@ -614,6 +644,8 @@ class Watchdog(Generic[K]):
         rec.gen = DEAD
         rec.note = None
         del self._where[rec.key]
+        if rec.young:
+            self._young.gone()
         if how is not None:
             self._bury(rec.key, how)
 
@@ -628,7 +660,8 @@ class Watchdog(Generic[K]):
         request, for its earliest overdue deadline. Report: every overdue (request,
         deadline) pair, each once."""
         found: list[tuple[float, Rec, Clock, float]] = []
-        next_due = pop_due(self._clocks, now, found)
+        bound = self._young.admit(now)  # (a bound on the young ones' dues)
+        next_due = min(pop_due(self._clocks, now, found), bound)
         expiries: list[Expiry[K]] = []
         left: list[tuple[str, float]] = []
         if found:

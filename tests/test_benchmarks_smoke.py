@@ -77,7 +77,8 @@ def test_bench_engine_quick_compares_with_the_previous_engine():
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
-    rows = {cells[0]: cells for cells in map(_cells, out.stdout.splitlines()) if len(cells) == 8}
+    rows = {cells[0]: cells for cells in map(_cells, out.stdout.splitlines()) if len(cells) == 11}
     for op in ("state change", "same-state observe", "check(), nothing due"):
         assert re.fullmatch(r"[\d,]+ ns", rows[op][2]), out.stdout  # this checkout
         assert re.fullmatch(r"[\d,]+ ns", rows[op][3]), out.stdout  # the previous engine
+    assert re.fullmatch(r"[\d,]+ ns", rows["state change"][5]), out.stdout  # a bare dict store

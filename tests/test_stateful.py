@@ -368,8 +368,10 @@ class WatchdogMachine(RuleBasedStateMachine):
         t = self.last_at = max(self.clock() - lag, self.last_at)
         return t, t
 
-    @rule(key=KEYS, state=st.sampled_from(STATES), lag=LAGS)
-    def observe(self, key: int, state: str, lag: float | None) -> None:
+    @rule(key=KEYS, state=st.sampled_from(STATES), lag=LAGS, admit=st.booleans())
+    def observe(self, key: int, state: str, lag: float | None, admit: bool) -> None:
+        if admit:  # the change then goes onto the FIFOs (see admit_all)
+            self.admit_all()
         at, t = self._time(lag)
         try:
             self.wd.observe(key, state, at=at)
@@ -382,8 +384,10 @@ class WatchdogMachine(RuleBasedStateMachine):
         with pytest.raises(sg.UnknownStateError):
             self.wd.observe(key, state)
 
-    @rule(key=KEYS, lag=LAGS)
-    def heartbeat(self, key: int, lag: float | None) -> None:
+    @rule(key=KEYS, lag=LAGS, admit=st.booleans())
+    def heartbeat(self, key: int, lag: float | None, admit: bool) -> None:
+        if admit:
+            self.admit_all()
         at, t = self._time(lag)
         assert self.wd.heartbeat(key, at=at) == self.model.heartbeat(key, t)
 
@@ -406,6 +410,21 @@ class WatchdogMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0, 0.5, 1, 2, 2.5, 3, 5, 13]))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
+
+    @rule()
+    def admit_all(self) -> None:
+        """Deferred admission changes no outcome: every young request admitted now (as
+        a check or next_deadline() does once one might be due) is expired, reported
+        and snapshotted as before, and its later changes go onto the FIFOs."""
+        with self.wd._lock:
+            self.wd._young.settle(float("inf"))
+
+    @precondition(lambda self: self.model.mode == "enforce")
+    @rule()
+    def next_deadline(self) -> None:
+        """Exact, young requests included (enforce mode: every live deadline pending)."""
+        dues = [d[0] for rec in self.model.live.values() for d in self.model.due(rec)]
+        assert self.wd.next_deadline() == (min(dues) if dues else None)
 
     @rule(kind=st.sampled_from(["error", "interrupt"]))
     def arm_action(self, kind: str) -> None:

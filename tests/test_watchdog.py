@@ -577,3 +577,62 @@ def test_a_watchdog_keeps_its_attributes_in_the_shared_key_table():
     wd = sg.Watchdog(KV.evolve(lifetime=10), statistics=True, describe=lambda k: {})
     wd.add_listener(on_leave=lambda label, seconds: None)
     assert len(vars(wd)) <= 29, sorted(vars(wd))
+
+
+def test_a_state_change_leaves_nothing_for_the_garbage_collector():
+    """A FIFO entry names its request by key and stamp, not by record: with int (or
+    string) keys CPython's collector stops tracking it at its first young collection,
+    so state changes leave no survivors for the full collections to walk (issue 25:
+    those collections were a third of a state change's cost)."""
+    import gc
+
+    set_on_expire_hooks([])
+    clock = FakeClock(1000.0)
+    stall = {**KV.deadlines, "Transferring": sg.Deadline(120, stall=5)}
+    wd = sg.Watchdog(KV.evolve(lifetime=600, deadlines=stall), clock=clock)
+    for k in range(100):
+        wd.observe(k, "Bootstrapping")
+    # young records put no entry on a clock; next_deadline() admits those that might
+    # be due before the earliest deadline it knows (here: all, least = 5 s)
+    assert [e for clock in wd._clocks for e in (*clock.q, *clock.heap)] == []
+    assert wd.next_deadline() == 1300.0
+    for k in range(100):
+        wd.observe(k, "Transferring")
+    clock.advance(1)
+    for k in range(100):
+        wd.heartbeat(k)
+    gc.collect()
+    entries = [item for clock in wd._clocks for item in (*clock.q, *clock.heap)]
+    # 100 x (admitted: lifetime, Bootstrapping; then Transferring, 2 progress windows)
+    assert len(entries) == 500
+    assert [e for e in entries if gc.is_tracked(e)] == []
+
+
+@pytest.mark.parametrize("reason", ["state", "stall", "lifetime"])
+def test_a_key_tracked_again_is_not_expired_by_its_old_entries(clock, reason):
+    """A key forgotten without memory and tracked again is a new record: the entries
+    its previous record left on every clock (state, progress window, lifetime) are
+    stale, though they name the same key; the new record's own deadlines hold."""
+    set_on_expire_hooks([])
+    state, lifetime = (300, 50) if reason == "lifetime" else (30, 100)
+    spec = KV.evolve(
+        lifetime=lifetime,
+        deadlines={**KV.deadlines, "Transferring": sg.Deadline(state, stall=10)},
+    )
+    wd = sg.Watchdog(spec, clock=clock)
+    wd.observe("r", "Transferring")
+    clock.advance(5)
+    assert wd.forget("r", remember=False)
+    wd.observe("r", "Transferring")  # a new record, its clocks start at +5
+    first = {"state": 30, "stall": 10, "lifetime": 50}[reason]  # the first to pass
+    clock.advance(first - 5 + 0.001)  # the old record's deadline of that kind passed
+    if reason == "stall":
+        assert wd.check() == []
+        clock.advance(5)  # the new record's window: from +5, 10 s
+        [expiry] = wd.check()
+        assert (expiry.key, expiry.reason) == ("r", "stall")
+        return
+    wd.heartbeat("r")
+    assert wd.check() == []
+    assert wd.state_of("r") == "Transferring"
+    assert wd._overdue(clock()) == []

@@ -292,23 +292,34 @@ def test_crossing_observes_keep_the_fifo_in_time_order() -> None:
     assert [e.key for e in wd.check(115.0)] == ["b"]
 
 
-def test_crossing_state_changes_keep_the_fifo_in_time_order() -> None:
+@pytest.mark.parametrize("admitted", [False, True], ids=["young", "admitted"])
+def test_crossing_state_changes_keep_the_fifo_in_time_order(admitted: bool) -> None:
+    """(With *admitted*, the requests are on the clocks before the crossing changes,
+    whose entries then go onto the FIFO: its order is what is checked; young ones put
+    no entry anywhere and must expire the same.)"""
     clock = GatedClock(100.0)
     wd: sg.Watchdog[str] = sg.Watchdog(SPEC, clock=clock)
     wd.observe("a", "Y")
     wd.observe("b", "Y")
+    if admitted:
+        wd.next_deadline()  # admits both (they might be due before anything known)
+    assert [r.young for r in wd._where.values()] == [not admitted] * 2
     cross(wd, clock, lambda: wd.observe("a", "X"), lambda: wd.observe("b", "X"), later=105.0)
     assert overdue_in_snapshot(wd, 110.0) == {"a"}
     assert [e.key for e in wd.check(110.0)] == ["a"]
     assert wd._in_time_order()
 
 
-def test_crossing_heartbeats_never_move_a_window_back() -> None:
+@pytest.mark.parametrize("admitted", [False, True], ids=["young", "admitted"])
+def test_crossing_heartbeats_never_move_a_window_back(admitted: bool) -> None:
     """Before: heartbeats that read 100 and 105 and appended in the opposite order
     moved the window back to 100, and the request was failed at 110 while healthy."""
     clock = GatedClock(90.0)
     wd: sg.Watchdog[str] = sg.Watchdog(SPEC, clock=clock)
     wd.observe("k", "W")  # the window starts at 90
+    if admitted:
+        wd.next_deadline()
+    assert wd._where["k"].young is not admitted
     clock.now = 100.0
     cross(wd, clock, lambda: wd.heartbeat("k"), lambda: wd.heartbeat("k"), later=105.0)
     assert wd.check(114.9) == []
