@@ -110,7 +110,7 @@ def test_coverage_table_names_every_phase() -> None:
     text = format_coverage(rows)
     for phase in ("Queued", "Receiving", "AbortedHeld", "HeldForRead"):
         assert phase in text
-    assert "READ in flight: none" in text and "60 s, then failed_recving" in text
+    assert "READ in flight: none" in text and "60 s, then load failure" in text
     assert "lease 10 s" in text
     assert {r.transfer for r in rows} == {"pull", "push", "both"}
     assert {r.stallguard for r in coverage_rows(Config(mode="off"))} == {"not guarded"}
@@ -126,7 +126,7 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("STALLGUARD_VLLM_CONFIG", str(path))
     assert main(["--transfer", "pull"]) == 0
     out = capsys.readouterr().out
-    assert "33 s, then failed_recving" in out
+    assert "33 s, then load failure" in out
     assert "notification" not in out  # --transfer pull: no push Receiving row
     path.write_text("[decode]\nReceiving = 0\n")
     assert main([]) == 2
@@ -145,7 +145,7 @@ def test_cli_config_option_and_exit_codes(tmp_path, monkeypatch, capsys) -> None
         monkeypatch.setattr(cli, "vllm_version", lambda v=version: v)
         assert cli.main(["--config", str(path)]) == status, version
         captured = capsys.readouterr()
-        assert "44 s, then failed_recving" in captured.out  # the table, in every case
+        assert "44 s, then load failure" in captured.out  # the table, in every case
         if status:
             assert "vLLM" in captured.err
     path.write_text("[decode]\nReceiving = -1\n")
