@@ -51,8 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import socket
 import threading
 import time
 from contextlib import suppress
@@ -60,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from examples.real_servers._servers import Proc, http, parse_series, spawn
+from examples.real_servers._servers import Proc, free_ports, http, parse_series, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllmcpu"
@@ -114,24 +112,6 @@ def server_env(side_port: int, omp_bind: str) -> dict[str, str]:
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
-
-
-def free_ports(n: int, lo: int = 21000, hi: int = 27000) -> list[int]:
-    """*n* ports free on loopback, from below the ephemeral range (ports found by binding
-    0 can be taken by the servers' own ephemeral binds)."""
-    out: list[int] = []
-    start = random.randrange(lo, hi)
-    for i in range(hi - lo):
-        port = lo + (start - lo + i) % (hi - lo)
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, port))
-            except OSError:
-                continue
-        out.append(port)
-        if len(out) == n:
-            return out
-    raise RuntimeError(f"no {n} free ports in {lo}-{hi}")
 
 
 @dataclass
