@@ -648,16 +648,21 @@ def _env_state(
 
 def _env_number(value: str) -> _Raw:
     """An environment value as a number if it is one (else the text), shown as written."""
+    return _Raw(_env_value(value), _show(value))
+
+
+def _env_value(value: str) -> object:
+    """An environment value as a number if it is one (an int, else a float; spaces
+    around it ignored), else the text as written (adapters read theirs the same way)."""
     text = value.strip()
-    number: object
     try:
-        number = int(text)
+        return int(text)
+    except ValueError:  # not an integer, or more digits than int() reads
+        pass
+    try:
+        return float(text)
     except ValueError:
-        try:
-            number = float(text)
-        except ValueError:
-            number = value
-    return _Raw(number, _show(value))
+        return value
 
 
 # --------------------------------------------------------------------------- loading
