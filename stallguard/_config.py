@@ -108,20 +108,24 @@ def _show(value: object, *, spaced: bool = False) -> str:
 
 
 def _render(value: object, depth: int, spaced: bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return _render_str(value)
-    if isinstance(value, float):
-        return _render_float(value)
-    if isinstance(value, int):
-        return _render_int(value)
+    for types, render in _SCALARS:
+        if isinstance(value, types):
+            return render(value)
     if isinstance(value, (list, tuple)):
         return _render_list(value, depth, spaced)
     if isinstance(value, Mapping):
         return _render_table(value, depth, spaced)
     if isinstance(value, (datetime.date, datetime.time)):  # TOML dates and times
         return value.isoformat()
+    return _render_other(value)
+
+
+def _render_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _render_other(value: object) -> str:
+    """Python's repr, shortened, for what TOML cannot hold."""
     try:
         return shorten(repr(value))
     except Exception:  # a repr that fails, or recurses too deeply
@@ -158,6 +162,15 @@ def _render_list(value: list[Any] | tuple[Any, ...], depth: int, spaced: bool) -
     if len(value) > _SHOW_ITEMS:
         items.append(f"... ({len(value)} items)")
     return "[" + ", ".join(items) + "]"
+
+
+#: how scalars are written, in the order they are tried (a bool is an int too)
+_SCALARS: tuple[tuple[type, Callable[[Any], str]], ...] = (
+    (bool, _render_bool),
+    (str, _render_str),
+    (float, _render_float),
+    (int, _render_int),
+)
 
 
 def _render_table(value: Mapping[Any, Any], depth: int, spaced: bool) -> str:
