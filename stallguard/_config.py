@@ -487,8 +487,7 @@ def _ours(
     addressed = [(var, value) for var, value in env.items() if _under(var, head)]
     if addressed:
         _refuse_twins(spec.name, head, heads, addressed[0][0])
-    # other specs whose prefix extends this one's (spec "kv" vs "kv_sender")
-    longer = {o: h for o, h in heads.items() if h != head and h.startswith(head)}
+    longer = _longer_heads(head, heads)
     ours = []
     for var, value in addressed:
         if _claimed_by_another(spec, var, var[len(head) :], longer, states):
@@ -502,6 +501,12 @@ def _ours(
 def _under(var: object, head: str) -> bool:
     """Whether *var* is a variable name starting with *head*."""
     return isinstance(var, str) and var.startswith(head)
+
+
+def _longer_heads(head: str, heads: Mapping[str, str]) -> dict[str, str]:
+    """The other specs (*heads*: name -> head) whose head extends *head* (spec
+    ``kv_sender`` for spec ``kv``)."""
+    return {o: h for o, h in heads.items() if h != head and h.startswith(head)}
 
 
 def _refuse_twins(name: str, head: str, heads: Mapping[str, str], var: str) -> None:

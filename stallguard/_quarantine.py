@@ -338,14 +338,15 @@ class Quarantine(Generic[K]):
             peer: _peer_holds(peer, [h for h in holds if h.peer == peer], at)
             for peer in sorted({h.peer for h in holds})
         }
+        units, nbytes, overdue = _totals(holds)
         return QuarantineSnapshot(
             name=self._name,
             at=at,
             deadline=self._deadline,
             holds=len(holds),
-            units=sum(h.units for h in holds),
-            nbytes=sum(h.nbytes for h in holds),
-            overdue=sum(h.overdue for h in holds),
+            units=units,
+            nbytes=nbytes,
+            overdue=overdue,
             by_peer=by_peer,
             released=released,
             escalated=escalated,
@@ -397,11 +398,21 @@ def _check_hold(peer: object, units: object, nbytes: object) -> None:
 
 def _peer_holds(peer: str, holds: list[Hold[Any]], at: float) -> PeerHolds:
     """The figures of *peer*'s *holds* (at least one) at time *at*."""
+    units, nbytes, overdue = _totals(holds)
     return PeerHolds(
         peer=peer,
         holds=len(holds),
-        units=sum(h.units for h in holds),
-        nbytes=sum(h.nbytes for h in holds),
-        overdue=sum(h.overdue for h in holds),
+        units=units,
+        nbytes=nbytes,
+        overdue=overdue,
         oldest_age=max(0.0, at - min(h.since for h in holds)),
+    )
+
+
+def _totals(holds: list[Hold[Any]]) -> tuple[int, int, int]:
+    """The units, the bytes and the overdue holds of *holds*, summed."""
+    return (
+        sum(h.units for h in holds),
+        sum(h.nbytes for h in holds),
+        sum(h.overdue for h in holds),
     )
