@@ -148,10 +148,7 @@ def scheduler_labels(sched: Any, tp_rank: int | None) -> dict[str, str]:
         return {str(k): "" if v is None else str(v) for k, v in collector_labels.items()}
     ctx = _runtime_context()
     server_args = getattr(sched, "server_args", None)
-    mode = _attempt(lambda: ctx.get_disagg().disaggregation_mode)
-    if mode is None:
-        mode = getattr(server_args, "disaggregation_mode", None)
-    mode = str(getattr(mode, "value", mode))
+    mode = _disaggregation_mode(ctx, server_args)
     parallel = _attempt(lambda: ctx.get_parallel())
     labels: dict[str, Any] = {
         "model_name": _attempt(lambda: ctx.get_serving().served_model_name)
@@ -170,6 +167,14 @@ def _runtime_context() -> Any:
     except ImportError:
         return None
     return ctx
+
+
+def _disaggregation_mode(ctx: Any, server_args: Any) -> str:
+    """The disaggregation mode: the runtime context's, else the server arguments'."""
+    mode = _attempt(lambda: ctx.get_disagg().disaggregation_mode)
+    if mode is None:
+        mode = getattr(server_args, "disaggregation_mode", None)
+    return str(getattr(mode, "value", mode))
 
 
 def _attempt(get: Callable[[], Any]) -> Any:
