@@ -826,11 +826,16 @@ def _specs(label: str, document: Mapping[str, Any]) -> Mapping[Any, Any]:
             "[spec.<name>] with a [spec.<name>.deadlines] table"
         )
     for spec_name, table in specs.items():
-        if not isinstance(spec_name, str) or not spec_name.strip():
-            raise _error(label, "spec", spec_name, table, "a spec name must be a non-empty string")
-        if not isinstance(table, Mapping):
-            raise _error(label, "spec", spec_name, table, "must be a table: [spec.<name>]")
+        _check_spec_table(label, spec_name, table)
     return specs
+
+
+def _check_spec_table(label: str, spec_name: object, table: object) -> None:
+    """Refuse a ``[spec.<name>]`` entry without a name, or that is not a table."""
+    if not isinstance(spec_name, str) or not spec_name.strip():
+        raise _error(label, "spec", spec_name, table, "a spec name must be a non-empty string")
+    if not isinstance(table, Mapping):
+        raise _error(label, "spec", spec_name, table, "must be a table: [spec.<name>]")
 
 
 def _chosen(label: str, specs: Mapping[Any, Any], name: str | None) -> str:

@@ -585,18 +585,23 @@ def _shared(
             "so it cannot fire triggers on models; pass a spec instead, or a watchdog "
             "returned by attach()"
         )
-    extra = sorted(name for name, value in given.items() if value is not None)
-    if extra:
-        raise ConfigError(
-            f"{', '.join(extra)} cannot be given with an existing watchdog "
-            f"({watchdog!r}); it already has them"
-        )
+    _refuse_options(watchdog, given)
     if spec is not None and spec != watchdog.spec:
         raise ConfigError(
             f"spec {spec.name!r} differs from the spec of watchdog {watchdog!r}; "
             "omit spec to use the watchdog's"
         )
     return (watchdog.spec if spec is None else spec), router
+
+
+def _refuse_options(watchdog: Watchdog[Any], given: Mapping[str, object]) -> None:
+    """Refuse options *given* (not None) for an existing *watchdog*: it has its own."""
+    extra = sorted(name for name, value in given.items() if value is not None)
+    if extra:
+        raise ConfigError(
+            f"{', '.join(extra)} cannot be given with an existing watchdog "
+            f"({watchdog!r}); it already has them"
+        )
 
 
 def detach(machine: transitions.Machine) -> bool:
