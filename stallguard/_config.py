@@ -654,14 +654,22 @@ def _env_state(
         )
     if found and found[0] in deadlines:
         return found[0]
+    raise _error(_ENV, "", var, value, _no_deadline(spec, states, deadlines, state_name, found))
+
+
+def _no_deadline(
+    spec: Spec,
+    states: Mapping[str, list[State]],
+    deadlines: Mapping[State, Deadline],
+    state_name: str,
+    found: list[State],
+) -> str:
+    """Why *state_name* (an environment spelling; *found*: the states it names) names no
+    state with a deadline: a terminal state, or none of *spec*'s (listing those it has)."""
     if found:
-        problem = f"{state_name} is a terminal state of spec {spec.name!r}; it has no deadline"
-    else:
-        by_env = sorted(name for name, f in states.items() if f[0] in deadlines)
-        problem = (
-            f"spec {spec.name!r} has no state {state_name}; its states here are {', '.join(by_env)}"
-        )
-    raise _error(_ENV, "", var, value, problem)
+        return f"{state_name} is a terminal state of spec {spec.name!r}; it has no deadline"
+    by_env = sorted(name for name, f in states.items() if f[0] in deadlines)
+    return f"spec {spec.name!r} has no state {state_name}; its states here are {', '.join(by_env)}"
 
 
 def _env_number(value: str) -> _Raw:

@@ -427,18 +427,23 @@ def _check_trigger(machine: Any, spec: Spec, trigger: str) -> None:
             f"on_expire_trigger {trigger!r} is not a trigger of "
             f"{_label(machine)}; its triggers are {sorted(machine.events)}"
         )
-    can_expire = [
-        state_label(state)
-        for state, deadline in spec.deadlines.items()
-        if deadline.bounded or spec.lifetime is not None
-    ]
-    stuck = [label for label in can_expire if trigger not in machine.get_triggers(label)]
+    stuck = [label for label in _can_expire(spec) if trigger not in machine.get_triggers(label)]
     if stuck:
         raise ConfigError(
             f"on_expire_trigger {trigger!r} has no transition from {stuck}, where spec "
             f"{spec.name!r} can expire a model; add one, e.g. "
             f"machine.add_transition({trigger!r}, source='*', dest='Failed')"
         )
+
+
+def _can_expire(spec: Spec) -> list[str]:
+    """The labels of the states where *spec* can expire a model (a deadline, a progress
+    window or the spec's lifetime bounds them)."""
+    return [
+        state_label(state)
+        for state, deadline in spec.deadlines.items()
+        if deadline.bounded or spec.lifetime is not None
+    ]
 
 
 def attach(
