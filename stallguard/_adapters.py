@@ -286,14 +286,20 @@ class TableReader:
         reader = TableReader(table, source=self.source, where=where, allowed=tuple(table))
         for state, value in table.items():
             if state not in states:
-                hint = (
-                    f"{state} is terminal and takes no deadline"
-                    if state in terminal
-                    else unknown + did_you_mean(state, states)
-                )
+                hint = _not_a_state(state, states, terminal, unknown)
                 raise reader.error(state, value, f"{hint}; {listing} {', '.join(states)}")
         parsed = parse_deadlines(table, source=self.source, prefix=where)
         return MappingProxyType({str(state): deadline for state, deadline in parsed.items()})
+
+
+def _not_a_state(
+    key: object, states: tuple[str, ...], terminal: tuple[str, ...], unknown: str
+) -> str:
+    """Why *key* of a deadlines table is not one of *states*: a *terminal* state takes no
+    deadline; another key is *unknown* (with a hint)."""
+    if key in terminal:
+        return f"{key} is terminal and takes no deadline"
+    return unknown + did_you_mean(key, states)
 
 
 class EnvReader:

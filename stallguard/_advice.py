@@ -582,11 +582,12 @@ def read_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 def _sample_lines(text: str) -> list[int]:
     """The line numbers of *text*'s sample lines (not blank, not a comment)."""
-    return [
-        number
-        for number, line in enumerate(text.splitlines(), 1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+    return [number for number, line in enumerate(text.splitlines(), 1) if _is_sample(line)]
+
+
+def _is_sample(line: str) -> bool:
+    """Whether *line* of an exposition is a sample (not blank, not a comment)."""
+    return bool(line.strip()) and not line.lstrip().startswith("#")
 
 
 def _bad_line(text: str, parse: Any, error: Exception) -> ValueError:
@@ -594,7 +595,7 @@ def _bad_line(text: str, parse: Any, error: Exception) -> ValueError:
     header = [line for line in text.splitlines() if line.lstrip().startswith("#")]
     om = text.rstrip().endswith("# EOF")
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
+        if not _is_sample(line):
             continue
         try:
             list(parse("\n".join([*header, line, "# EOF"] if om else [line]) + "\n"))
