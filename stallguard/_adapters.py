@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NoReturn, TypeVar
 
-from ._config import _key, _parse_toml, _show, parse_deadlines
+from ._config import _env_value, _key, _parse_toml, _show, parse_deadlines
 from ._errors import ConfigError
 from ._spec import Deadline
 from ._validate import TOO_LARGE, did_you_mean, seconds_or_problem, shorten
@@ -59,25 +59,29 @@ def env_enabled(environ: Mapping[str, str], *, enable_var: str, config_var: str)
     Raises:
         ConfigError: if *enable_var* holds anything else, naming it and its value.
     """
-    flag = environ.get(enable_var)
-    enabled: bool | None = None
-    if flag is not None:
-        normalized = flag.strip().lower()
-        if normalized in _TRUE:
-            enabled = True
-        elif normalized in _FALSE:
-            enabled = False
-        else:
-            raise ConfigError(
-                f"environment variable {enable_var}={shorten(repr(flag))}: expected 1 (enable "
-                f"with the defaults) or 0 (disable), or unset it and name a file in {config_var}"
-            )
+    enabled = _switch(environ, enable_var, config_var)
     if enabled is False:
         return None
     path = environ.get(config_var, "").strip()
     if path:
         return path
     return "" if enabled else None
+
+
+def _switch(environ: Mapping[str, str], enable_var: str, config_var: str) -> bool | None:
+    """The enable switch *enable_var*: True (on), False (off) or None (unset)."""
+    flag = environ.get(enable_var)
+    if flag is None:
+        return None
+    normalized = flag.strip().lower()
+    if normalized in _TRUE:
+        return True
+    if normalized in _FALSE:
+        return False
+    raise ConfigError(
+        f"environment variable {enable_var}={shorten(repr(flag))}: expected 1 (enable "
+        f"with the defaults) or 0 (disable), or unset it and name a file in {config_var}"
+    )
 
 
 def read_toml(path: str, *, var: str) -> dict[str, Any]:
@@ -203,7 +207,11 @@ class TableReader:
         self.table: Mapping[Any, Any] = table
         self.source = source
         self.where = where
-        for key, value in table.items():
+        self._refuse_unknown(allowed, what)
+
+    def _refuse_unknown(self, allowed: tuple[str, ...], what: str) -> None:
+        """Refuse the first key not in *allowed* (a *what*), with a hint."""
+        for key, value in self.table.items():
             if key not in allowed:
                 hint = did_you_mean(key, allowed)
                 listing = "allowed keys:" if what == "key" else "known:"
@@ -278,14 +286,20 @@ class TableReader:
         reader = TableReader(table, source=self.source, where=where, allowed=tuple(table))
         for state, value in table.items():
             if state not in states:
-                hint = (
-                    f"{state} is terminal and takes no deadline"
-                    if state in terminal
-                    else unknown + did_you_mean(state, states)
-                )
+                hint = _not_a_state(state, states, terminal, unknown)
                 raise reader.error(state, value, f"{hint}; {listing} {', '.join(states)}")
         parsed = parse_deadlines(table, source=self.source, prefix=where)
         return MappingProxyType({str(state): deadline for state, deadline in parsed.items()})
+
+
+def _not_a_state(
+    key: object, states: tuple[str, ...], terminal: tuple[str, ...], unknown: str
+) -> str:
+    """Why *key* of a deadlines table is not one of *states*: a *terminal* state takes no
+    deadline; another key is *unknown* (with a hint)."""
+    if key in terminal:
+        return f"{key} is terminal and takes no deadline"
+    return unknown + did_you_mean(key, states)
 
 
 class EnvReader:
@@ -321,14 +335,17 @@ class EnvReader:
         skip = set(ignore)
         self.values: dict[str, str] = {}
         for var, value in environ.items():
-            if not isinstance(var, str) or not var.startswith(prefix) or var in skip:
-                continue
-            if not isinstance(value, str):
-                raise self.error(var, value, "an environment value must be a string")
-            if var not in known:
-                listing = f"; the settings are {forms}" if forms else ""
-                raise self.error(var, value, f"unknown setting{did_you_mean(var, known)}{listing}")
-            self.values[var] = value
+            if isinstance(var, str) and var.startswith(prefix) and var not in skip:
+                self.values[var] = self._override(var, value, known, forms)
+
+    def _override(self, var: str, value: object, known: tuple[str, ...], forms: str) -> str:
+        """*value*, if *var* is a *known* override and *value* a string."""
+        if not isinstance(value, str):
+            raise self.error(var, value, "an environment value must be a string")
+        if var not in known:
+            listing = f"; the settings are {forms}" if forms else ""
+            raise self.error(var, value, f"unknown setting{did_you_mean(var, known)}{listing}")
+        return value
 
     def __contains__(self, var: str) -> bool:
         return var in self.values
@@ -356,15 +373,7 @@ class EnvReader:
         text = value.strip()
         if none and text.lower() == "none":
             return None
-        number: object
-        try:
-            number = int(text)
-        except ValueError:  # not an integer, or more digits than int() reads
-            try:
-                number = float(text)
-            except ValueError:
-                number = value
-        seconds = seconds_or_problem(number)
+        seconds = seconds_or_problem(_env_value(value))
         if isinstance(seconds, str):
             raise self.error(var, value, _seconds_problem(seconds, none=none, advice=advice))
         return seconds

@@ -187,28 +187,9 @@ class Advice:
             "suggested",
             "would fail",
         )
-        rows = [head]
-        notes: list[str] = []
-        for s in self.states.values():
-            rows.append(
-                (
-                    s.state,
-                    str(s.count),
-                    format_seconds(s.p50),
-                    format_seconds(s.p99),
-                    format_seconds(s.p999),
-                    format_seconds(s.max),
-                    format_seconds(s.deadline),
-                    "—" if s.fired is None else str(s.fired),
-                    "—" if s.fired_completed is None else str(s.fired_completed),
-                    format_seconds(s.suggested),
-                    "—" if s.over_suggested is None else str(s.over_suggested),
-                )
-            )
-            notes.append(f"{s.state}: {s.reason}")
-            notes.extend(f"{s.state}: WARNING: {w}" for w in s.warnings)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        rows = [head, *(_row(s) for s in self.states.values())]
+        notes = [note for s in self.states.values() for note in _notes(s)]
+        lines = _aligned(rows)
         rule = (
             f"rule: p{_pct(1 - self.false_timeout_rate)} x {self.margin:g}, at least "
             f"{format_seconds(self.floor)}, rounded up; needs {self.min_samples} stays"
@@ -216,11 +197,54 @@ class Advice:
         return "\n".join([*lines, "", rule, *notes])
 
 
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """*rows* as lines of left-aligned columns, two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+
+
+def _row(s: StateAdvice) -> tuple[str, ...]:
+    """*s*'s row of :meth:`Advice.table`."""
+    return (
+        s.state,
+        str(s.count),
+        format_seconds(s.p50),
+        format_seconds(s.p99),
+        format_seconds(s.p999),
+        format_seconds(s.max),
+        format_seconds(s.deadline),
+        _count_cell(s.fired),
+        _count_cell(s.fired_completed),
+        format_seconds(s.suggested),
+        _count_cell(s.over_suggested),
+    )
+
+
+def _notes(s: StateAdvice) -> list[str]:
+    """*s*'s lines below :meth:`Advice.table`: its reason, then its warnings."""
+    return [f"{s.state}: {s.reason}", *(f"{s.state}: WARNING: {w}" for w in s.warnings)]
+
+
+def _count_cell(count: int | None) -> str:
+    return "—" if count is None else str(count)
+
+
 def _pct(q: float) -> str:
     return f"{q * 100:.6g}"
 
 
 def _check(name: str, value: Any, low: float, high: float, *, low_open: bool) -> float:
+    number = _real(name, value)
+    ok = (number > low if low_open else number >= low) and number <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}], got {_show(value)}")
+    return number
+
+
+def _real(name: str, value: Any) -> float:
+    """Parameter *name*'s *value* as a float (an int beyond a float: infinite), if it is
+    a number and not NaN."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {_show(value)}")
     try:
@@ -229,10 +253,6 @@ def _check(name: str, value: Any, low: float, high: float, *, low_open: bool) ->
         number = math.inf if value > 0 else -math.inf
     if math.isnan(number):
         raise ValueError(f"{name} must be a number, got {_show(value)}")
-    ok = (number > low if low_open else number >= low) and number <= high
-    if not ok:
-        bracket = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {bracket}{low:g}, {high:g}], got {_show(value)}")
     return number
 
 
@@ -302,18 +322,9 @@ def advise(
     if math.isinf(margin):
         raise ValueError(f"margin must be finite, got {_show(given_margin)}")
     floor = _check("floor", floor, 0.0, LADDER[-1], low_open=False)
-    if min_samples is None:
-        need = math.ceil(round(10 / rate, 9))
-    elif isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
-        raise ValueError(f"min_samples must be a positive int, got {_show(min_samples)}")
-    else:
-        need = min_samples
+    need = _min_samples(min_samples, rate)
     done = _completed(completed)
-    ages: dict[str, list[float]] = {}
-    if snapshot is not None:
-        for request in snapshot.requests:
-            label = state_label(request.state)
-            ages.setdefault(label, []).append(request.age)
+    ages = _ages(snapshot)
     states = {
         label: _advise_state(
             s,
@@ -340,25 +351,46 @@ def advise(
     )
 
 
+def _min_samples(min_samples: int | None, rate: float) -> int:
+    """The stays a suggestion needs: *min_samples*, by default ⌈10 / rate⌉."""
+    if min_samples is None:
+        return math.ceil(round(10 / rate, 9))
+    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+        raise ValueError(f"min_samples must be a positive int, got {_show(min_samples)}")
+    return min_samples
+
+
+def _ages(snapshot: Snapshot[Any] | None) -> dict[str, list[float]]:
+    """The ages of *snapshot*'s requests, per state label."""
+    ages: dict[str, list[float]] = {}
+    for request in snapshot.requests if snapshot is not None else ():
+        ages.setdefault(state_label(request.state), []).append(request.age)
+    return ages
+
+
 def _fired_completed(
     s: StateStatistics, mode: Mode | None, completed: tuple[str, ...] | None, warnings: list[str]
 ) -> int | None:
     """Report mode: how many requests the deadline fired on then completed (None:
     unknown, or enforce mode, where a failed request cannot complete)."""
-    fired_completed = None
-    if mode == "enforce":
-        pass  # a failed request cannot complete: nothing to count
-    elif s.fired is not None and s.fired_then:
-        labels = s.completed if completed is None else completed
-        fired_completed = sum(s.fired_then.get(label, 0) for label in labels)
-    elif s.fired is not None and s.completed:
-        fired_completed = 0
+    fired_completed = _count_fired_completed(s, mode, completed)
     if fired_completed and s.fired:
         warnings.append(
             f"the current deadline fired on {s.fired} request(s), {fired_completed} of which "
             "then completed normally: enforcing it would have failed them"
         )
     return fired_completed
+
+
+def _count_fired_completed(
+    s: StateStatistics, mode: Mode | None, completed: tuple[str, ...] | None
+) -> int | None:
+    if mode == "enforce" or s.fired is None:
+        return None  # enforce: a failed request cannot complete, nothing to count
+    if s.fired_then:
+        labels = s.completed if completed is None else completed
+        return sum(s.fired_then.get(label, 0) for label in labels)
+    return 0 if s.completed else None
 
 
 def _suggestion(
@@ -387,24 +419,40 @@ def _live(
     """The tracked requests' ages against the suggestion and the recorded stays:
     ``(oldest, how many are older than the suggestion, whether the tail grows)``."""
     oldest = max(live) if live else None
-    live_over = None
-    growing = False
-    if suggested is not None:
-        live_over = sum(1 for age in live if age > suggested)
-        if live_over:
-            growing = True
-            warnings.append(
-                f"{live_over} request(s) in {s.state} now are older than the suggested "
-                f"{format_seconds(suggested)} (oldest {format_seconds(oldest)})"
-            )
-    top = s.distribution.max
-    if oldest is not None and top is not None and oldest > top and not live_over:
-        growing = True
+    live_over = _over_suggestion(s, live, suggested, oldest, warnings)
+    beyond = not live_over and _beyond_recorded(s, oldest, warnings)
+    return oldest, live_over, bool(live_over) or beyond
+
+
+def _over_suggestion(
+    s: StateStatistics,
+    live: list[float],
+    suggested: float | None,
+    oldest: float | None,
+    warnings: list[str],
+) -> int | None:
+    """How many of the *live* ages are above the suggestion (None: no suggestion)."""
+    if suggested is None:
+        return None
+    live_over = sum(1 for age in live if age > suggested)
+    if live_over:
         warnings.append(
-            f"a request in {s.state} now ({format_seconds(oldest)}) is older than every "
-            f"recorded stay (max {format_seconds(top)}): the tail is still growing"
+            f"{live_over} request(s) in {s.state} now are older than the suggested "
+            f"{format_seconds(suggested)} (oldest {format_seconds(oldest)})"
         )
-    return oldest, live_over, growing
+    return live_over
+
+
+def _beyond_recorded(s: StateStatistics, oldest: float | None, warnings: list[str]) -> bool:
+    """Whether the *oldest* live request is older than every recorded stay."""
+    top = s.distribution.max
+    if oldest is None or top is None or not oldest > top:
+        return False
+    warnings.append(
+        f"a request in {s.state} now ({format_seconds(oldest)}) is older than every "
+        f"recorded stay (max {format_seconds(top)}): the tail is still growing"
+    )
+    return True
 
 
 def _advise_state(
@@ -534,11 +582,12 @@ def read_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 def _sample_lines(text: str) -> list[int]:
     """The line numbers of *text*'s sample lines (not blank, not a comment)."""
-    return [
-        number
-        for number, line in enumerate(text.splitlines(), 1)
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+    return [number for number, line in enumerate(text.splitlines(), 1) if _is_sample(line)]
+
+
+def _is_sample(line: str) -> bool:
+    """Whether *line* of an exposition is a sample (not blank, not a comment)."""
+    return bool(line.strip()) and not line.lstrip().startswith("#")
 
 
 def _bad_line(text: str, parse: Any, error: Exception) -> ValueError:
@@ -546,7 +595,7 @@ def _bad_line(text: str, parse: Any, error: Exception) -> ValueError:
     header = [line for line in text.splitlines() if line.lstrip().startswith("#")]
     om = text.rstrip().endswith("# EOF")
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
+        if not _is_sample(line):
             continue
         try:
             list(parse("\n".join([*header, line, "# EOF"] if om else [line]) + "\n"))
@@ -672,71 +721,109 @@ def statistics_from_prometheus(
             cannot mean anything (the message names the line, the series, the value).
     """
     where = dict(where or {})
-    buckets: dict[str, dict[float, float]] = {}
-    sums: dict[str, float] = {}
-    gauges: dict[str, float] = {}
-    fired: dict[str, float] = {}
-    done: dict[str, float] = {}
-
-    def wanted(labels: dict[str, str]) -> str | None:
-        if any(labels.get(k) != v for k, v in where.items()):
-            return None
-        return labels.get(state_label)
-
+    scrape = _Scrape(histogram, deadline_gauge, fired_counter, completed_counter)
     for number, name, labels, value in _samples(text):
-        state = wanted(labels)
-        if state is None:
-            continue
-        if name == f"{histogram}_bucket" and "le" in labels:
-            le = _bucket_bound(number, name, labels)
-            per = buckets.setdefault(state, {})
-            per[le] = per.get(le, 0.0) + _count_value(number, name, labels, value)
-        elif name == f"{histogram}_sum":
-            sums[state] = sums.get(state, 0.0) + value
-        elif deadline_gauge is not None and name == deadline_gauge:
-            if not math.isnan(value):  # NaN: no value (max() would keep it or not by order)
-                gauges[state] = max(gauges.get(state, 0.0), value)
-        elif fired_counter is not None and name in (fired_counter, f"{fired_counter}_total"):
-            fired[state] = fired.get(state, 0.0) + _count_value(number, name, labels, value)
-        elif completed_counter is not None and name in (
-            completed_counter,
-            f"{completed_counter}_total",
-        ):
-            done[state] = done.get(state, 0.0) + _count_value(number, name, labels, value)
-    if not buckets:
+        if all(labels.get(k) == v for k, v in where.items()) and state_label in labels:
+            scrape.add(labels[state_label], number, name, labels, value)
+    if not scrape.buckets:
         raise ValueError(
             f"no {histogram}_bucket series with labels {where!r} and a {state_label!r} "
             "label in the text"
         )
-    states: dict[str, StateStatistics] = {}
-    for state, per in sorted(buckets.items()):
+    states = {
+        state: scrape.statistics(state, per, deadlines)
+        for state, per in sorted(scrape.buckets.items())
+    }
+    return Statistics(spec=spec, mode=None, states=states)
+
+
+def _counter_names(counter: str | None) -> tuple[str, ...]:
+    """The names a counter's samples may have (none for no counter)."""
+    return () if counter is None else (counter, f"{counter}_total")
+
+
+@attrs.define
+class _Scrape:
+    """The samples of a histogram (*histogram*) and of the gauge and counters that go
+    with it, summed per state (:func:`statistics_from_prometheus`)."""
+
+    histogram: str
+    deadline_gauge: str | None
+    fired_counter: str | None
+    completed_counter: str | None
+    buckets: dict[str, dict[float, float]] = attrs.Factory(dict)
+    sums: dict[str, float] = attrs.Factory(dict)
+    gauges: dict[str, float] = attrs.Factory(dict)
+    fired: dict[str, float] = attrs.Factory(dict)
+    done: dict[str, float] = attrs.Factory(dict)
+    fired_names: tuple[str, ...] = attrs.field(init=False)
+    done_names: tuple[str, ...] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.fired_names = _counter_names(self.fired_counter)
+        self.done_names = _counter_names(self.completed_counter)
+
+    def add(
+        self, state: str, number: int | None, name: str, labels: Mapping[str, str], value: float
+    ) -> None:
+        """Add the sample on line *number* to *state*'s figures, if it is one of them."""
+        if name == f"{self.histogram}_bucket" and "le" in labels:
+            per = self.buckets.setdefault(state, {})
+            _add(
+                per, _bucket_bound(number, name, labels), _count_value(number, name, labels, value)
+            )
+        elif name == f"{self.histogram}_sum":
+            _add(self.sums, state, value)
+        elif name == self.deadline_gauge:
+            if not math.isnan(value):  # NaN: no value (max() would keep it or not by order)
+                self.gauges[state] = max(self.gauges.get(state, 0.0), value)
+        elif name in self.fired_names:
+            _add(self.fired, state, _count_value(number, name, labels, value))
+        elif name in self.done_names:
+            _add(self.done, state, _count_value(number, name, labels, value))
+
+    def distribution(self, state: str, per: Mapping[float, float]) -> Distribution:
+        """*state*'s buckets (*per*: cumulative count by ``le``) and sum, as a
+        distribution."""
         bounds = tuple(sorted(per))
         if bounds[-1] != math.inf:
-            raise ValueError(f'{histogram} for state {state!r} has no le="+Inf" bucket')
-        cumulative = [_whole(per[b], f"{histogram} for state {state!r}") for b in bounds]
+            raise ValueError(f'{self.histogram} for state {state!r} has no le="+Inf" bucket')
+        cumulative = [_whole(per[b], f"{self.histogram} for state {state!r}") for b in bounds]
         counts = [c - p for c, p in zip(cumulative, [0, *cumulative[:-1]], strict=True)]
         if any(c < 0 for c in counts):
-            raise ValueError(f"{histogram} for state {state!r}: buckets are not cumulative")
-        if deadlines is not None:
-            deadline = deadlines.get(state)
-        else:
-            g = gauges.get(state)
-            # 0 is the exporters' "none"; +Inf says the same
-            deadline = g if g is not None and 0 < g < math.inf else None
-        known_fired = fired_counter is not None
-        states[state] = StateStatistics(
+            raise ValueError(f"{self.histogram} for state {state!r}: buckets are not cumulative")
+        return Distribution(bounds, tuple(counts), self.sums.get(state, math.nan), None)
+
+    def statistics(
+        self, state: str, per: Mapping[float, float], deadlines: Mapping[str, float | None] | None
+    ) -> StateStatistics:
+        """*state*'s statistics (*per*: its buckets); its deadline is *deadlines*' if
+        given, else the gauge's."""
+        completed = self.completed_counter
+        return StateStatistics(
             state=state,
-            deadline=deadline,
-            distribution=Distribution(bounds, tuple(counts), sums.get(state, math.nan), None),
-            fired=_whole(fired.get(state, 0.0), str(fired_counter)) if known_fired else None,
+            deadline=self.deadline(state) if deadlines is None else deadlines.get(state),
+            distribution=self.distribution(state, per),
+            fired=None
+            if self.fired_counter is None
+            else _whole(self.fired.get(state, 0.0), self.fired_counter),
             fired_then=(
-                {"completed": _whole(done.get(state, 0.0), str(completed_counter))}
-                if completed_counter
+                {"completed": _whole(self.done.get(state, 0.0), str(completed))}
+                if completed
                 else {}
             ),
-            completed=("completed",) if completed_counter else (),
+            completed=("completed",) if completed else (),
         )
-    return Statistics(spec=spec, mode=None, states=states)
+
+    def deadline(self, state: str) -> float | None:
+        """*state*'s deadline as the gauge says (0, the exporters' "none", and +Inf say
+        there is none)."""
+        g = self.gauges.get(state)
+        return g if g is not None and 0 < g < math.inf else None
+
+
+def _add(sums: dict[Any, float], key: object, value: float) -> None:
+    sums[key] = sums.get(key, 0.0) + value
 
 
 def toml_number(seconds: float) -> str:

@@ -17,7 +17,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -108,20 +108,24 @@ def _show(value: object, *, spaced: bool = False) -> str:
 
 
 def _render(value: object, depth: int, spaced: bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return _render_str(value)
-    if isinstance(value, float):
-        return _render_float(value)
-    if isinstance(value, int):
-        return _render_int(value)
+    for types, render in _SCALARS:
+        if isinstance(value, types):
+            return render(value)
     if isinstance(value, (list, tuple)):
         return _render_list(value, depth, spaced)
     if isinstance(value, Mapping):
         return _render_table(value, depth, spaced)
     if isinstance(value, (datetime.date, datetime.time)):  # TOML dates and times
         return value.isoformat()
+    return _render_other(value)
+
+
+def _render_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _render_other(value: object) -> str:
+    """Python's repr, shortened, for what TOML cannot hold."""
     try:
         return shorten(repr(value))
     except Exception:  # a repr that fails, or recurses too deeply
@@ -158,6 +162,15 @@ def _render_list(value: list[Any] | tuple[Any, ...], depth: int, spaced: bool) -
     if len(value) > _SHOW_ITEMS:
         items.append(f"... ({len(value)} items)")
     return "[" + ", ".join(items) + "]"
+
+
+#: how scalars are written, in the order they are tried (a bool is an int too)
+_SCALARS: tuple[tuple[type, Callable[[Any], str]], ...] = (
+    (bool, _render_bool),
+    (str, _render_str),
+    (float, _render_float),
+    (int, _render_int),
+)
 
 
 def _render_table(value: Mapping[Any, Any], depth: int, spaced: bool) -> str:
@@ -371,24 +384,14 @@ def parse_config_table(
     prefix = _check_str("prefix", prefix)
     if not isinstance(table, Mapping):
         raise ConfigError(f"{source}: {prefix} = {_show(table)}: must be a table")
-    for key, value in table.items():
-        if key not in _SPEC_KEYS:
-            raise _unknown_key(source, prefix, key, value, _SPEC_KEYS)
-    if "deadlines" not in table:
-        raise ConfigError(
-            f"{source}: [{prefix}] has no deadlines table; add [{prefix}.deadlines] with "
-            'one "state = seconds" line per non-terminal state'
-        )
+    _check_spec_keys(source, prefix, table)
     deadlines = parse_deadlines(
         table["deadlines"],  # type: ignore[arg-type]
         source=source,
         prefix=f"{prefix}.deadlines",
         states=states,
     )
-    raw_terminal = table.get("terminal", [])
-    if isinstance(raw_terminal, str) or not isinstance(raw_terminal, (list, tuple)):
-        raise _error(source, prefix, "terminal", raw_terminal, "must be an array of state names")
-    terminal = [_to_state(source, prefix, "terminal", s, states) for s in raw_terminal]
+    terminal = _terminal(source, prefix, table.get("terminal", []), states)
     lifetime = _parse_seconds(source, prefix, "lifetime", table.get("lifetime"))
     mode = _choice(source, prefix, "mode", table.get("mode", "enforce"), ("enforce", "report"))
     unknown = _choice(
@@ -406,6 +409,25 @@ def parse_config_table(
         memory=memory,
         source=source,
     )
+
+
+def _check_spec_keys(source: str, prefix: str, table: Mapping[str, object]) -> None:
+    """Refuse a spec table with an unknown key, or without its deadlines."""
+    for key, value in table.items():
+        if key not in _SPEC_KEYS:
+            raise _unknown_key(source, prefix, key, value, _SPEC_KEYS)
+    if "deadlines" not in table:
+        raise ConfigError(
+            f"{source}: [{prefix}] has no deadlines table; add [{prefix}.deadlines] with "
+            'one "state = seconds" line per non-terminal state'
+        )
+
+
+def _terminal(source: str, prefix: str, raw: object, states: type[enum.Enum] | None) -> list[State]:
+    """A spec table's ``terminal`` array, as states."""
+    if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
+        raise _error(source, prefix, "terminal", raw, "must be an array of state names")
+    return [_to_state(source, prefix, "terminal", s, states) for s in raw]
 
 
 # --------------------------------------------------------------------------- environment
@@ -461,40 +483,96 @@ def _ours(
     """The environment variables addressed to *spec*, sorted; a variable that another
     spec of the file could claim as well is refused (never guessed)."""
     head = _env_head(env_prefix, spec.name)
-    twins = [o for o in others if o != spec.name and _env_head(env_prefix, o) == head]
-    # other specs whose prefix extends this one's (spec "kv" vs "kv_sender")
-    longer = {
-        o: h
-        for o in others
-        if o != spec.name
-        for h in (_env_head(env_prefix, o),)
-        if h != head and h.startswith(head)
-    }
+    heads = {o: _env_head(env_prefix, o) for o in others if o != spec.name}
+    addressed = [(var, value) for var, value in env.items() if _under(var, head)]
+    if addressed:
+        _refuse_twins(spec.name, head, heads, addressed[0][0])
+    longer = _longer_heads(head, heads)
     ours = []
-    for var, value in env.items():
-        if not isinstance(var, str) or not var.startswith(head):
+    for var, value in addressed:
+        if _claimed_by_another(spec, var, var[len(head) :], longer, states):
             continue
-        if twins:
-            raise ConfigError(
-                f"environment: {var}: ambiguous: specs {spec.name!r} and {twins[0]!r} both "
-                f"read the variables {head}*; rename one of them so that their names differ "
-                "in more than punctuation and case"
-            )
-        rest = var[len(head) :]
-        owners = [o for o, h in longer.items() if var.startswith(h)]
-        if owners:
-            if _is_setting(rest, states):
-                other = max(owners, key=len)
-                raise ConfigError(
-                    f"environment: {var}: ambiguous: it is setting {rest} of spec "
-                    f"{spec.name!r} and setting {var[len(longer[other]) :]} of spec "
-                    f"{other!r}; rename one of the specs"
-                )
-            continue  # another spec's
         if not isinstance(value, str):
-            raise _error("environment", "", var, value, "an environment value must be a string")
+            raise _error(_ENV, "", var, value, "an environment value must be a string")
         ours.append((var, value))
     return sorted(ours)
+
+
+def _under(var: object, head: str) -> bool:
+    """Whether *var* is a variable name starting with *head*."""
+    return isinstance(var, str) and var.startswith(head)
+
+
+def _longer_heads(head: str, heads: Mapping[str, str]) -> dict[str, str]:
+    """The other specs (*heads*: name -> head) whose head extends *head* (spec
+    ``kv_sender`` for spec ``kv``)."""
+    return {o: h for o, h in heads.items() if h != head and h.startswith(head)}
+
+
+def _refuse_twins(name: str, head: str, heads: Mapping[str, str], var: str) -> None:
+    """Refuse *var*, addressed to spec *name* (*head*), if another spec's variables
+    (*heads*: name -> head) start with the same head."""
+    twins = [o for o, h in heads.items() if h == head]
+    if twins:
+        raise ConfigError(
+            f"environment: {var}: ambiguous: specs {name!r} and {twins[0]!r} both read the "
+            f"variables {head}*; rename one of them so that their names differ in more "
+            "than punctuation and case"
+        )
+
+
+def _claimed_by_another(
+    spec: Spec,
+    var: str,
+    rest: str,
+    longer: Mapping[str, str],
+    states: Mapping[str, list[State]],
+) -> bool:
+    """Whether *var* belongs to one of the specs whose heads extend *spec*'s (*longer*:
+    name -> head); refused when it is also a setting (*rest*) of *spec*."""
+    owners = [o for o, h in longer.items() if var.startswith(h)]
+    if owners and _is_setting(rest, states):
+        other = max(owners, key=len)
+        raise ConfigError(
+            f"environment: {var}: ambiguous: it is setting {rest} of spec "
+            f"{spec.name!r} and setting {var[len(longer[other]) :]} of spec "
+            f"{other!r}; rename one of the specs"
+        )
+    return bool(owners)
+
+
+_ENV = "environment"
+
+
+def _env_mode(var: str, value: str) -> str:
+    return _choice(_ENV, "", var, value.strip(), ("enforce", "report"))
+
+
+def _env_unknown_state(var: str, value: str) -> str:
+    return _choice(_ENV, "", var, value.strip(), ("raise", "ignore"))
+
+
+def _env_memory(var: str, value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:  # not an integer, or more digits than int() accepts
+        number = 0
+    if number < 1:
+        raise _error(_ENV, "", var, value, "must be a positive integer")
+    return number
+
+
+def _env_seconds(var: str, value: str) -> float | None:
+    return _parse_seconds(_ENV, "", var, _env_number(value))
+
+
+#: the watchdog options set by a variable: its name after the spec's head -> the
+#: :class:`WatchdogConfig` field and the value's parser
+_ENV_OPTIONS: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "MODE": ("mode", _env_mode),
+    "UNKNOWN_STATE": ("unknown_state", _env_unknown_state),
+    "MEMORY": ("memory", _env_memory),
+}
 
 
 def _apply_env(
@@ -507,57 +585,20 @@ def _apply_env(
         return config
     head = _env_head(env_prefix, spec.name)
     deadlines = dict(spec.deadlines)
-    by_env = sorted(name for name, found in states.items() if found[0] in deadlines)
     changes: dict[str, Any] = {}
     spec_changes: dict[str, Any] = {}
-    src = "environment"
     for var, value in ours:
         rest = var[len(head) :]
-        if rest == "MODE":
-            changes["mode"] = _choice(src, "", var, value.strip(), ("enforce", "report"))
-        elif rest == "UNKNOWN_STATE":
-            changes["unknown_state"] = _choice(src, "", var, value.strip(), ("raise", "ignore"))
-        elif rest == "MEMORY":
-            try:
-                number = int(value.strip())
-            except ValueError:  # not an integer, or more digits than int() accepts
-                number = 0
-            if number < 1:
-                raise _error(src, "", var, value, "must be a positive integer")
-            changes["memory"] = number
+        if rest in _ENV_OPTIONS:
+            field, parse = _ENV_OPTIONS[rest]
+            changes[field] = parse(var, value)
         elif rest == "LIFETIME":
-            spec_changes["lifetime"] = _parse_seconds(src, "", var, _env_number(value))
+            spec_changes["lifetime"] = _env_seconds(var, value)
         elif rest.startswith(("DEADLINE_", "STALL_")):
-            field, _, state_name = rest.partition("_")
-            found = states.get(state_name, [])
-            if len(found) > 1:
-                names = " and ".join(repr(state_label(s)) for s in found)
-                raise _error(
-                    src,
-                    "",
-                    var,
-                    value,
-                    f"ambiguous: states {names} of spec {spec.name!r} are both {state_name} "
-                    "in an environment variable's name; rename one of them",
-                )
-            if not found or found[0] not in deadlines:
-                problem = (
-                    f"{state_name} is a terminal state of spec {spec.name!r}; it has no deadline"
-                    if found
-                    else f"spec {spec.name!r} has no state {state_name}; "
-                    f"its states here are {', '.join(by_env)}"
-                )
-                raise _error(src, "", var, value, problem)
-            state = found[0]
-            seconds = _parse_seconds(src, "", var, _env_number(value))
-            current = deadlines[state]
-            if field == "DEADLINE":
-                deadlines[state] = Deadline(seconds=seconds, stall=current.stall)
-            else:
-                deadlines[state] = Deadline(seconds=current.seconds, stall=seconds)
+            _env_deadline(spec, states, deadlines, var, rest, value)
         else:
             raise _error(
-                src,
+                _ENV,
                 "",
                 var,
                 value,
@@ -571,18 +612,83 @@ def _apply_env(
     return attrs.evolve(config, spec=spec, **changes)
 
 
+def _env_deadline(
+    spec: Spec,
+    states: Mapping[str, list[State]],
+    deadlines: dict[State, Deadline],
+    var: str,
+    rest: str,
+    value: str,
+) -> None:
+    """Apply *var*, ``..._DEADLINE_<STATE>`` or ``..._STALL_<STATE>`` (*rest* after the
+    spec's head), to *deadlines*."""
+    field, _, state_name = rest.partition("_")
+    state = _env_state(spec, states, deadlines, var, value, state_name)
+    seconds = _env_seconds(var, value)
+    deadlines[state] = attrs.evolve(deadlines[state], **{_DEADLINE_FIELDS[field]: seconds})
+
+
+#: a deadline variable's field -> the :class:`~stallguard.Deadline` attribute it sets
+_DEADLINE_FIELDS = {"DEADLINE": "seconds", "STALL": "stall"}
+
+
+def _env_state(
+    spec: Spec,
+    states: Mapping[str, list[State]],
+    deadlines: Mapping[State, Deadline],
+    var: str,
+    value: str,
+    state_name: str,
+) -> State:
+    """The state with a deadline that *state_name*, in variable *var*, names."""
+    found = states.get(state_name, [])
+    if len(found) > 1:
+        names = " and ".join(repr(state_label(s)) for s in found)
+        raise _error(
+            _ENV,
+            "",
+            var,
+            value,
+            f"ambiguous: states {names} of spec {spec.name!r} are both {state_name} "
+            "in an environment variable's name; rename one of them",
+        )
+    if found and found[0] in deadlines:
+        return found[0]
+    raise _error(_ENV, "", var, value, _no_deadline(spec, states, deadlines, state_name, found))
+
+
+def _no_deadline(
+    spec: Spec,
+    states: Mapping[str, list[State]],
+    deadlines: Mapping[State, Deadline],
+    state_name: str,
+    found: list[State],
+) -> str:
+    """Why *state_name* (an environment spelling; *found*: the states it names) names no
+    state with a deadline: a terminal state, or none of *spec*'s (listing those it has)."""
+    if found:
+        return f"{state_name} is a terminal state of spec {spec.name!r}; it has no deadline"
+    by_env = sorted(name for name, f in states.items() if f[0] in deadlines)
+    return f"spec {spec.name!r} has no state {state_name}; its states here are {', '.join(by_env)}"
+
+
 def _env_number(value: str) -> _Raw:
     """An environment value as a number if it is one (else the text), shown as written."""
+    return _Raw(_env_value(value), _show(value))
+
+
+def _env_value(value: str) -> object:
+    """An environment value as a number if it is one (an int, else a float; spaces
+    around it ignored), else the text as written (adapters read theirs the same way)."""
     text = value.strip()
-    number: object
     try:
-        number = int(text)
+        return int(text)
+    except ValueError:  # not an integer, or more digits than int() reads
+        pass
+    try:
+        return float(text)
     except ValueError:
-        try:
-            number = float(text)
-        except ValueError:
-            number = value
-    return _Raw(number, _show(value))
+        return value
 
 
 # --------------------------------------------------------------------------- loading
@@ -628,17 +734,22 @@ def _parse_toml(data: bytes, label: str) -> dict[str, Any]:
             "thousands deep); a config needs a few levels"
         ) from None
     except ValueError as exc:  # int() refusing more than sys.get_int_max_str_digits()
-        if "digits" not in str(exc):
-            raise ConfigError(f"{label}: not valid TOML: {exc}") from None
-        limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
-        raise ConfigError(
-            f"{label}: not valid TOML: an integer of more than {limit} digits (TOML "
-            'integers are 64-bit); write a number of seconds, or "none" for no deadline'
-        ) from None
+        raise _toml_value_error(label, exc) from None
     except Exception as exc:  # anything else the parser raises: still this file's problem
         raise ConfigError(
             f"{label}: cannot parse it as TOML: {type(exc).__name__}: {shorten(str(exc))}"
         ) from None
+
+
+def _toml_value_error(label: str, exc: ValueError) -> ConfigError:
+    """The error for the parser's *exc*: too many digits for ``int()``, or other."""
+    if "digits" not in str(exc):
+        return ConfigError(f"{label}: not valid TOML: {exc}")
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
+    return ConfigError(
+        f"{label}: not valid TOML: an integer of more than {limit} digits (TOML "
+        'integers are 64-bit); write a number of seconds, or "none" for no deadline'
+    )
 
 
 def load_config(
@@ -691,17 +802,30 @@ def load_config(
     states = _check_states(states)
     if env is not _ENVIRON and env is not None and not isinstance(env, Mapping):
         raise ConfigError(f"env must be a mapping of variable names to values or None, got {env!r}")
-    if isinstance(source, Mapping):
-        label, document = "<dict>", source
-    elif isinstance(source, (str, os.PathLike)):
-        label, document = _read(source)
-    else:
-        raise ConfigError(
-            f"source must be a TOML file path or a mapping, got {source!r} "
-            f"({type(source).__name__})"
-        )
+    label, document = _document(source)
     if env is _ENVIRON:
         env = os.environ
+    specs = _specs(label, document)
+    name = _chosen(label, specs, name)
+    config = parse_config_table(specs[name], name=name, source=label, states=states)
+    if env is not None:
+        config = _apply_env(config, env, env_prefix, tuple(specs))
+    return config
+
+
+def _document(source: object) -> tuple[str, Mapping[str, Any]]:
+    """*source*'s label for messages and its parsed document."""
+    if isinstance(source, Mapping):
+        return "<dict>", source
+    if isinstance(source, (str, os.PathLike)):
+        return _read(source)
+    raise ConfigError(
+        f"source must be a TOML file path or a mapping, got {source!r} ({type(source).__name__})"
+    )
+
+
+def _specs(label: str, document: Mapping[str, Any]) -> Mapping[Any, Any]:
+    """The document's ``[spec.<name>]`` tables, checked to be named tables."""
     specs = document.get("spec")
     if not isinstance(specs, Mapping) or not specs:
         found = _keys(document) or "nothing"
@@ -710,22 +834,30 @@ def load_config(
             "[spec.<name>] with a [spec.<name>.deadlines] table"
         )
     for spec_name, table in specs.items():
-        if not isinstance(spec_name, str) or not spec_name.strip():
-            raise _error(label, "spec", spec_name, table, "a spec name must be a non-empty string")
-        if not isinstance(table, Mapping):
-            raise _error(label, "spec", spec_name, table, "must be a table: [spec.<name>]")
+        _check_spec_table(label, spec_name, table)
+    return specs
+
+
+def _check_spec_table(label: str, spec_name: object, table: object) -> None:
+    """Refuse a ``[spec.<name>]`` entry without a name, or that is not a table."""
+    if not isinstance(spec_name, str) or not spec_name.strip():
+        raise _error(label, "spec", spec_name, table, "a spec name must be a non-empty string")
+    if not isinstance(table, Mapping):
+        raise _error(label, "spec", spec_name, table, "must be a table: [spec.<name>]")
+
+
+def _chosen(label: str, specs: Mapping[Any, Any], name: str | None) -> str:
+    """The spec to load: *name*, or the document's only one."""
     if name is None:
         if len(specs) > 1:
             raise ConfigError(
                 f"{label}: holds several specs ({_keys(specs)}); pass name=... to choose one"
             )
-        name = next(iter(specs))
-    elif name not in specs:
+        only: str = next(iter(specs))
+        return only
+    if name not in specs:
         raise ConfigError(f"{label}: has no [spec.{_key(name)}] table; its specs: {_keys(specs)}")
-    config = parse_config_table(specs[name], name=name, source=label, states=states)
-    if env is not None:
-        config = _apply_env(config, env, env_prefix, tuple(specs))
-    return config
+    return name
 
 
 def load_spec(

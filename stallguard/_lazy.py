@@ -40,17 +40,27 @@ def lazy_attribute(
     Raises:
         AttributeError: for a name the package does not export.
     """
+    module = _index(package, exports).get(name)
+    if module is None:
+        return _unexported(package, name, distribution)
+    value = getattr(importlib.import_module(module, package), name)
+    setattr(sys.modules[package], name, value)
+    return value
+
+
+def _index(package: str, exports: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """Name -> module of *exports*, built once per package and exports."""
     index = _INDEX.get((package, id(exports)))
     if index is None:
         index = {n: module for module, names in exports.items() for n in names}
         _INDEX[(package, id(exports))] = index
-    module = index.get(name)
-    if module is None:
-        if name == "__version__":
-            from ._versions import installed_version
+    return index
 
-            return installed_version(distribution) or "0+unknown"
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, package), name)
-    setattr(sys.modules[package], name, value)
-    return value
+
+def _unexported(package: str, name: str, distribution: str) -> str:
+    """``__version__``, or the AttributeError for a name *package* does not export."""
+    if name == "__version__":
+        from ._versions import installed_version
+
+        return installed_version(distribution) or "0+unknown"
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")

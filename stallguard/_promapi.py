@@ -89,20 +89,7 @@ def _canonical(name: str, names: Sequence[str]) -> str:
 def _get(base: str, path: str, params: Mapping[str, str], timeout: float) -> Any:
     url = f"{base.rstrip('/')}{path}?{urllib.parse.urlencode(params)}"
     shown = f"--prometheus {base!r}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as e:
-        detail = ""
-        try:
-            detail = json.loads(e.read()).get("error", "")
-        except Exception:  # not Prometheus's JSON error body
-            pass
-        raise PrometheusAPIError(
-            f"{shown}: {path} answered HTTP {e.code}{f': {detail}' if detail else ''}"
-        ) from None
-    except (OSError, ValueError, http.client.HTTPException) as e:
-        raise PrometheusAPIError(f"{shown}: cannot query {path}: {e}") from None
+    body = _read(url, shown, path, timeout)
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -110,6 +97,34 @@ def _get(base: str, path: str, params: Mapping[str, str], timeout: float) -> Any
             f"{shown}: {path} did not answer JSON (is this a Prometheus server's URL, "
             "without /api/v1?)"
         ) from None
+    return _matrix(doc, shown, path)
+
+
+def _read(url: str, shown: str, path: str, timeout: float) -> bytes:
+    """The body of the answer to *url* (*shown* and *path* name it in messages)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body: bytes = response.read()
+    except urllib.error.HTTPError as e:
+        detail = _error_detail(e)
+        raise PrometheusAPIError(
+            f"{shown}: {path} answered HTTP {e.code}{f': {detail}' if detail else ''}"
+        ) from None
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        raise PrometheusAPIError(f"{shown}: cannot query {path}: {e}") from None
+    return body
+
+
+def _error_detail(error: urllib.error.HTTPError) -> Any:
+    """The ``error`` of Prometheus's JSON error body ("" if there is none)."""
+    try:
+        return json.loads(error.read()).get("error", "")
+    except Exception:  # not Prometheus's JSON error body
+        return ""
+
+
+def _matrix(doc: Any, shown: str, path: str) -> list[Any]:
+    """The result list of a successful ``query_range`` answer *doc*."""
     if not isinstance(doc, dict) or doc.get("status") != "success":
         error = doc.get("error") if isinstance(doc, dict) else None
         raise PrometheusAPIError(f"{shown}: {path} did not succeed: {error or _short(doc)}")
@@ -200,11 +215,7 @@ def exposition_from_prometheus(
             than a query_range matrix (the message names the URL).
         ValueError: a window, end or step that is not a finite positive number.
     """
-    for what, value in (("window", window), ("end", end), ("step", step)):
-        if value is not None and (
-            not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
-        ):
-            raise ValueError(f"{what} {value!r}: must be a finite number > 0")
+    _check_positive(window=window, end=end, step=step)
     if not isinstance(base, str) or not base.startswith(("http://", "https://")):
         raise PrometheusAPIError(
             f"--prometheus {base!r}: give the server's http:// or https:// URL "
@@ -212,13 +223,7 @@ def exposition_from_prometheus(
         )
     names = list(names)
     start = end - window
-    if step is None:
-        step = max(15.0, window / 1000)
-    if window / step > MAX_POINTS:
-        raise ValueError(
-            f"step {step:g}s over a {window:g}s window asks for more than {MAX_POINTS} "
-            "points per series (Prometheus's limit): give a longer step"
-        )
+    step = _step(window, step)
     pattern = "|".join(f"{_spellings(n)}(_bucket|_sum|_count|_total)?" for n in names)
     result = _get(
         base,
@@ -231,17 +236,43 @@ def exposition_from_prometheus(
         },
         timeout,
     )
-    lines: list[str] = []
-    for series in result:
-        labels, points = _points(series, base)
-        if not points:
-            continue
-        name = _canonical(labels.pop("__name__", ""), names)
-        if not name:
-            continue
-        if _is_counter(name):
-            value = growth(points, born=points[0][0] > start + step / 2)
-        else:
-            value = points[-1][1]
-        lines.append(f"{name}{{{_label_text(labels)}}} {_number(value)}")
-    return "\n".join(lines) + "\n" if lines else ""
+    lines = [_line(series, base, names, start + step / 2) for series in result]
+    return "".join(f"{line}\n" for line in lines if line)
+
+
+def _check_positive(**values: float | None) -> None:
+    """Refuse a given value that is not a finite number > 0, naming it."""
+    for what, value in values.items():
+        if value is not None and (
+            not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+        ):
+            raise ValueError(f"{what} {value!r}: must be a finite number > 0")
+
+
+def _step(window: float, step: float | None) -> float:
+    """The query's step: *step*, by default a thousandth of the window (at least 15 s),
+    within Prometheus's limit of points per series."""
+    if step is None:
+        step = max(15.0, window / 1000)
+    if window / step > MAX_POINTS:
+        raise ValueError(
+            f"step {step:g}s over a {window:g}s window asks for more than {MAX_POINTS} "
+            "points per series (Prometheus's limit): give a longer step"
+        )
+    return step
+
+
+def _line(series: Any, base: str, names: Sequence[str], born_after: float) -> str | None:
+    """The exposition line of one matrix entry (None: no points, or no name): a counter's
+    growth (counted from zero if its first point is after *born_after*), a gauge's last
+    value."""
+    labels, points = _points(series, base)
+    if not points:
+        return None
+    name = _canonical(labels.pop("__name__", ""), names)
+    if not name:
+        return None
+    value = points[-1][1]  # a gauge's last value
+    if _is_counter(name):
+        value = growth(points, born=points[0][0] > born_after)
+    return f"{name}{{{_label_text(labels)}}} {_number(value)}"

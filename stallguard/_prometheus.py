@@ -209,16 +209,27 @@ def add_to_histogram(
     buckets = getattr(child, "_buckets", None)
     total_value = getattr(child, "_sum", None)
     exact = buckets is not None and total_value is not None and len(buckets) == len(counts)
-    before = sent if sent is not None else [0] * len(counts)
-    for i, (now, then) in enumerate(zip(counts, before, strict=True)):
-        delta = now - then
-        if delta <= 0:
-            continue
-        if exact:
-            buckets[i].inc(delta)  # type: ignore[index]
-        else:  # pragma: no cover - a prometheus_client without the internals
-            bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
-            for _ in range(delta):
-                child.observe(bound)
-    if exact and total > 0:
+    added = _added(counts, sent)
+    if not exact:  # pragma: no cover - a prometheus_client without the internals
+        _observe_at_bounds(child, added)
+        return
+    for i, delta in added:
+        buckets[i].inc(delta)  # type: ignore[index]
+    if total > 0:
         total_value.inc(total)  # type: ignore[union-attr]
+
+
+def _added(counts: list[int], sent: list[int] | None) -> list[tuple[int, int]]:
+    """``(bucket index, count - sent)`` for each bucket whose count grew."""
+    before = sent if sent is not None else [0] * len(counts)
+    deltas = enumerate(now - then for now, then in zip(counts, before, strict=True))
+    return [(i, delta) for i, delta in deltas if delta > 0]
+
+
+def _observe_at_bounds(child: Any, added: list[tuple[int, int]]) -> None:  # pragma: no cover
+    """Add to a histogram child through ``observe()``: each value at its bucket's upper
+    bound (a prometheus_client without the per-bucket internals)."""
+    for i, delta in added:
+        bound = LADDER[i] if i < len(LADDER) else LADDER[-1] * 2
+        for _ in range(delta):
+            child.observe(bound)

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from ._details import Expiry
 from ._errors import ConfigError
 from ._spec import Spec
 from ._validate import check_seconds
@@ -148,13 +149,7 @@ class Quarantine(Generic[K]):
         on_overdue: Callable[[Hold[K]], object] | None = None,
         overdue_action: str | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"Quarantine name must be a non-empty str, got {name!r}")
-        seconds = check_seconds("Quarantine deadline", deadline)
-        if on_overdue is not None and not callable(on_overdue):
-            raise ConfigError(f"on_overdue must be a callable, got {on_overdue!r}")
-        if not isinstance(unit, str) or not unit:
-            raise ConfigError(f"unit must be a non-empty str, got {unit!r}")
+        seconds = _checked_arguments(name, deadline, unit, on_overdue)
         self._name = name
         self._deadline = seconds
         self._unit = unit
@@ -222,13 +217,7 @@ class Quarantine(Generic[K]):
         Raises:
             ConfigError: *peer* not a str, *units*/*nbytes* not non-negative ints.
         """
-        if not isinstance(peer, str):
-            raise ConfigError(f"Quarantine.hold peer must be a str, got {peer!r}")
-        for what, value in (("units", units), ("nbytes", nbytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(
-                    f"Quarantine.hold {what} must be a non-negative int, got {value!r}"
-                )
+        _check_hold(peer, units, nbytes)
         with self._lock:
             held = self._holds.get(key)
             if held is not None:
@@ -290,41 +279,53 @@ class Quarantine(Generic[K]):
             return []
         out: list[Hold[K]] = []
         for expiry in expiries:
-            with self._lock:
-                held = self._holds.get(expiry.key)
-                # released meanwhile, already escalated, or released and held again (a
-                # new stay, with its own deadline): nothing to escalate
-                if held is None or held.overdue or held.since != expiry.entered_at:
-                    continue
-                held = attrs.evolve(held, overdue=True)
-                self._holds[expiry.key] = held
-                self._escalated += 1
-            out.append(held)
-            log.error(
-                "stallguard: quarantine %s: %s has held %d %s (%d bytes) for %.3fs, past "
-                "its %ss deadline, and peer %s has not proven its transfers over: %s. "
-                "The memory stays held until it does (see docs/quarantine.md)",
+            held = self._escalate(expiry)
+            if held is not None:
+                out.append(held)
+                self._overdue(held, expiry)
+        return out
+
+    def _escalate(self, expiry: Expiry[K]) -> Hold[K] | None:
+        """Mark the hold that *expiry* is about overdue; None if there is nothing to
+        escalate."""
+        with self._lock:
+            held = self._holds.get(expiry.key)
+            # released meanwhile, already escalated, or released and held again (a new
+            # stay, with its own deadline): nothing to escalate
+            if held is None or held.overdue or held.since != expiry.entered_at:
+                return None
+            held = attrs.evolve(held, overdue=True)
+            self._holds[expiry.key] = held
+            self._escalated += 1
+        return held
+
+    def _overdue(self, held: Hold[K], expiry: Expiry[K]) -> None:
+        """Log the *held* memory that went overdue, and hand it to *on_overdue*."""
+        log.error(
+            "stallguard: quarantine %s: %s has held %d %s (%d bytes) for %.3fs, past "
+            "its %ss deadline, and peer %s has not proven its transfers over: %s. "
+            "The memory stays held until it does (see docs/quarantine.md)",
+            self._name,
+            expiry.key,
+            held.units,
+            self._unit,
+            held.nbytes,
+            expiry.elapsed,
+            self._deadline,
+            held.peer,
+            self._action,
+        )
+        if self._on_overdue is None:
+            return
+        try:
+            self._on_overdue(held)
+        except Exception:
+            self._callback_errors += 1
+            log.exception(
+                "stallguard: quarantine %s: on_overdue failed for %s; still holding",
                 self._name,
                 expiry.key,
-                held.units,
-                self._unit,
-                held.nbytes,
-                expiry.elapsed,
-                self._deadline,
-                held.peer,
-                self._action,
             )
-            if self._on_overdue is not None:
-                try:
-                    self._on_overdue(held)
-                except Exception:
-                    self._callback_errors += 1
-                    log.exception(
-                        "stallguard: quarantine %s: on_overdue failed for %s; still holding",
-                        self._name,
-                        expiry.key,
-                    )
-        return out
 
     def snapshot(self, now: float | None = None) -> QuarantineSnapshot:
         """Totals and per-peer figures of what is held now."""
@@ -333,25 +334,19 @@ class Quarantine(Generic[K]):
             holds = list(self._holds.values())
             released = dict(self._released)
             escalated = self._escalated
-        by_peer: dict[str, PeerHolds] = {}
-        for peer in sorted({h.peer for h in holds}):
-            mine = [h for h in holds if h.peer == peer]
-            by_peer[peer] = PeerHolds(
-                peer=peer,
-                holds=len(mine),
-                units=sum(h.units for h in mine),
-                nbytes=sum(h.nbytes for h in mine),
-                overdue=sum(h.overdue for h in mine),
-                oldest_age=max(0.0, at - min(h.since for h in mine)),
-            )
+        by_peer = {
+            peer: _peer_holds(peer, [h for h in holds if h.peer == peer], at)
+            for peer in sorted({h.peer for h in holds})
+        }
+        units, nbytes, overdue = _totals(holds)
         return QuarantineSnapshot(
             name=self._name,
             at=at,
             deadline=self._deadline,
             holds=len(holds),
-            units=sum(h.units for h in holds),
-            nbytes=sum(h.nbytes for h in holds),
-            overdue=sum(h.overdue for h in holds),
+            units=units,
+            nbytes=nbytes,
+            overdue=overdue,
             by_peer=by_peer,
             released=released,
             escalated=escalated,
@@ -375,3 +370,49 @@ class Quarantine(Generic[K]):
             "stallguard.quarantine.bytes": held.nbytes,
             "stallguard.quarantine.action": self._action,
         }
+
+
+def _checked_arguments(
+    name: object, deadline: float | None, unit: object, on_overdue: object
+) -> float | None:
+    """:class:`Quarantine`'s arguments, checked in that order; the deadline in seconds."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"Quarantine name must be a non-empty str, got {name!r}")
+    seconds = check_seconds("Quarantine deadline", deadline)
+    if on_overdue is not None and not callable(on_overdue):
+        raise ConfigError(f"on_overdue must be a callable, got {on_overdue!r}")
+    if not isinstance(unit, str) or not unit:
+        raise ConfigError(f"unit must be a non-empty str, got {unit!r}")
+    return seconds
+
+
+def _check_hold(peer: object, units: object, nbytes: object) -> None:
+    """Refuse :meth:`Quarantine.hold`'s arguments unless *peer* is a str and *units* and
+    *nbytes* are non-negative ints."""
+    if not isinstance(peer, str):
+        raise ConfigError(f"Quarantine.hold peer must be a str, got {peer!r}")
+    for what, value in (("units", units), ("nbytes", nbytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"Quarantine.hold {what} must be a non-negative int, got {value!r}")
+
+
+def _peer_holds(peer: str, holds: list[Hold[Any]], at: float) -> PeerHolds:
+    """The figures of *peer*'s *holds* (at least one) at time *at*."""
+    units, nbytes, overdue = _totals(holds)
+    return PeerHolds(
+        peer=peer,
+        holds=len(holds),
+        units=units,
+        nbytes=nbytes,
+        overdue=overdue,
+        oldest_age=max(0.0, at - min(h.since for h in holds)),
+    )
+
+
+def _totals(holds: list[Hold[Any]]) -> tuple[int, int, int]:
+    """The units, the bytes and the overdue holds of *holds*, summed."""
+    return (
+        sum(h.units for h in holds),
+        sum(h.nbytes for h in holds),
+        sum(h.overdue for h in holds),
+    )

@@ -55,6 +55,7 @@ __all__ = [
 log = logging.getLogger("stallguard")
 
 W = TypeVar("W", bound=Watchdog[Any])
+T = TypeVar("T")
 
 #: ``await wait(wake, timeout)`` must return once *wake* is set or *timeout* seconds (on
 #: the watchdog's clock; ``None``: no timeout) have passed, whichever comes first.
@@ -173,6 +174,16 @@ class _LoopWaker:
             pass
 
 
+def _waiter(wait: T | None, default: T, kind: str) -> T:
+    """A runner's *wait*: *default* if None, else *wait*, which must be *kind* of
+    ``(wake, timeout)``."""
+    if wait is None:
+        return default
+    if not callable(wait):
+        raise ConfigError(f"wait must be {kind} (wake, timeout), got {wait!r}")
+    return wait
+
+
 async def _anyio_wait(wake: anyio.Event, timeout: float | None) -> None:
     if timeout is None:
         await wake.wait()
@@ -228,10 +239,7 @@ async def run_watchdog(
             ...  # serve requests; call tg.cancel_scope.cancel() to stop
     """
     watchdog = _check_watchdog(watchdog)
-    if wait is None:
-        wait = _anyio_wait
-    elif not callable(wait):
-        raise ConfigError(f"wait must be an async callable (wake, timeout), got {wait!r}")
+    wait = _waiter(wait, _anyio_wait, "an async callable")
     clock = _clock(watchdog)
     waker = _LoopWaker()
     _install(watchdog, waker)
@@ -353,10 +361,7 @@ class WatchdogThread:
         wait: ThreadWait | None = None,
     ) -> None:
         self.watchdog = _check_watchdog(watchdog)
-        if wait is None:
-            wait = _thread_wait
-        elif not callable(wait):
-            raise ConfigError(f"wait must be a callable (wake, timeout), got {wait!r}")
+        wait = _waiter(wait, _thread_wait, "a callable")
         if name is not None and not isinstance(name, str):
             raise ConfigError(f"name must be a string or None, got {name!r}")
         if not isinstance(daemon, bool):
@@ -420,30 +425,28 @@ class WatchdogThread:
             BaseException: whatever ended the thread (``check()`` or *wait* raising),
                 once; it stays in :attr:`failure` until the next :meth:`start`.
         """
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not timeout >= 0  # also refuses nan
-        ):
-            raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        _check_timeout(timeout)
         with self._control:
             run = self._run
             if run is None:
                 return
             run.stopping = True
             run.wake.set()
-        thread = run.thread
-        if thread is not threading.current_thread():
-            thread.join(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
-            if thread.is_alive():
-                raise TimeoutError(
-                    f"{self!r} did not stop within {timeout}s: an on_expire or "
-                    "instrumentation hook is blocking check()"
-                )
+        if run.thread is not threading.current_thread():
+            self._join(run.thread, timeout)
         _uninstall(self.watchdog, run.waker)
         error, run.error = run.error, None
         if error is not None:
             raise error
+
+    def _join(self, thread: threading.Thread, timeout: float | None) -> None:
+        """Wait for *thread* to end, up to *timeout* seconds."""
+        thread.join(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
+        if thread.is_alive():
+            raise TimeoutError(
+                f"{self!r} did not stop within {timeout}s: an on_expire or "
+                "instrumentation hook is blocking check()"
+            )
 
     def is_alive(self) -> bool:
         """True while the thread runs."""
@@ -492,3 +495,14 @@ class WatchdogThread:
             _runner_failed(watchdog, repr(self), exc)
         finally:
             _uninstall(watchdog, run.waker)
+
+
+def _check_timeout(timeout: object) -> None:
+    """Refuse a :meth:`WatchdogThread.stop` timeout that is neither None nor a number of
+    seconds >= 0 (nan included)."""
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not timeout >= 0  # also refuses nan
+    ):
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")

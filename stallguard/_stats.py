@@ -196,16 +196,20 @@ class Distribution:
         n = self.count
         if n == 0:
             return None
-        rank = _rank(q, n)
+        i = self._bucket(_rank(q, n))
+        low = self.bounds[i - 1] if i else 0.0
+        high = self.bounds[i]
+        if self.max is not None and self.max < high:
+            high = self.max
+        return low, high
+
+    def _bucket(self, rank: int) -> int:
+        """The index of the bucket holding the *rank*-th smallest value."""
         seen = 0
         for i, c in enumerate(self.counts):
             seen += c
             if seen >= rank:
-                low = self.bounds[i - 1] if i else 0.0
-                high = self.bounds[i]
-                if self.max is not None and self.max < high:
-                    high = self.max
-                return low, high
+                return i
         raise AssertionError("unreachable")  # pragma: no cover
 
     def quantile(self, q: float) -> float | None:
@@ -225,10 +229,13 @@ class Distribution:
             i += 1
         return sum(self.counts[i:])
 
+    def _check_same_bounds(self, other: Distribution, what: str) -> None:
+        if other.bounds != self.bounds:
+            raise ValueError(f"cannot {what} distributions with different bounds")
+
     def __sub__(self, other: Distribution) -> Distribution:
         """The values recorded since *other* (an earlier copy of the same histogram)."""
-        if other.bounds != self.bounds:
-            raise ValueError("cannot subtract distributions with different bounds")
+        self._check_same_bounds(other, "subtract")
         counts = tuple(a - b for a, b in zip(self.counts, other.counts, strict=True))
         if any(c < 0 for c in counts):
             raise ValueError("cannot subtract a later distribution from an earlier one")
@@ -236,8 +243,7 @@ class Distribution:
 
     def __add__(self, other: Distribution) -> Distribution:
         """Both distributions' values together (same bounds)."""
-        if other.bounds != self.bounds:
-            raise ValueError("cannot add distributions with different bounds")
+        self._check_same_bounds(other, "add")
         counts = tuple(a + b for a, b in zip(self.counts, other.counts, strict=True))
         top = None if self.max is None or other.max is None else max(self.max, other.max)
         return Distribution(self.bounds, counts, self.total + other.total, top)
@@ -248,14 +254,20 @@ def _check_bounds(bounds: tuple[float, ...]) -> None:
     if bounds[-1] != math.inf:
         raise ValueError(f"Distribution bounds must end with inf, got {bounds[-1]!r}")
     for i, b in enumerate(bounds[:-1]):
-        finite = isinstance(b, int) or (isinstance(b, float) and math.isfinite(b))
-        if isinstance(b, bool) or not finite:
+        if not _finite_number(b):
             raise ValueError(
                 f"Distribution bounds must be finite numbers before the last (inf), "
                 f"got {b!r} at index {i}"
             )
     if any(b <= a for a, b in pairwise(bounds)):
         raise ValueError("Distribution bounds must be strictly increasing")
+
+
+def _finite_number(b: object) -> bool:
+    """Whether *b* is an int (not a bool) or a finite float."""
+    if isinstance(b, bool):
+        return False
+    return isinstance(b, int) or (isinstance(b, float) and math.isfinite(b))
 
 
 def _counts(value: Mapping[str, int]) -> Mapping[str, int]:

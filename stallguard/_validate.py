@@ -206,12 +206,17 @@ def expire_hooks(on_expire: object) -> tuple[Callable[..., object], ...]:
     if callable(on_expire):
         return (on_expire,)
     if isinstance(on_expire, Iterable) and not isinstance(on_expire, (str, bytes)):
-        hooks = tuple(on_expire)
-        for hook in hooks:
-            if not callable(hook):
-                raise ConfigError(f"on_expire must hold callables, got {hook!r}")
-        return hooks
+        return _callables(on_expire)
     raise ConfigError(f"on_expire must be a callable or a sequence of callables, got {on_expire!r}")
+
+
+def _callables(on_expire: Iterable[Any]) -> tuple[Callable[..., object], ...]:
+    """The hooks of an iterable ``on_expire``, each checked to be callable."""
+    hooks = tuple(on_expire)
+    for hook in hooks:
+        if not callable(hook):
+            raise ConfigError(f"on_expire must hold callables, got {hook!r}")
+    return hooks
 
 
 def listener_args(**functions: object) -> None:
@@ -247,16 +252,21 @@ def check_annotations(attributes: object, trace_links: object) -> tuple[Any, ...
     """``annotate()``'s *attributes* (None, or a mapping with string keys) checked, and
     its *trace_links* (None, or an iterable that is not a string) as a tuple."""
     if attributes is not None:
-        if not isinstance(attributes, Mapping):
-            raise TypeError(f"attributes must be a mapping, got {attributes!r}")
-        for name in attributes:
-            if not isinstance(name, str):
-                raise TypeError(f"attribute names must be strings, got {name!r}")
+        _check_attributes(attributes)
     if trace_links is None:
         return None
     if isinstance(trace_links, (str, bytes)) or not isinstance(trace_links, Iterable):
         raise TypeError(f"trace_links must be an iterable, got {trace_links!r}")
     return tuple(trace_links)
+
+
+def _check_attributes(attributes: object) -> None:
+    """Refuse ``annotate()``'s *attributes* unless a mapping with string keys."""
+    if not isinstance(attributes, Mapping):
+        raise TypeError(f"attributes must be a mapping, got {attributes!r}")
+    for name in attributes:
+        if not isinstance(name, str):
+            raise TypeError(f"attribute names must be strings, got {name!r}")
 
 
 def unhashable_lookup(

@@ -20,7 +20,7 @@ import logging
 import operator
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 try:
@@ -217,14 +217,7 @@ class _Attachment:
         members = self.router.members
         batch: dict[Hashable, Any] = {}
         for model in map(self._model, models):
-            key = self.key(model)
-            try:
-                hash(key)
-            except TypeError:
-                raise ConfigError(
-                    f"key(model) returned {key!r} for model {model!r}: a watchdog key must "
-                    "be hashable (see attach(key=...))"
-                ) from None
+            key = self._hashable_key(model)
             entry = members.get(key)
             other = entry[1]() if entry is not None else batch.get(key, model)
             if other is not model and other is not None:
@@ -239,6 +232,17 @@ class _Attachment:
             if key not in watchdog:
                 # a new life for this key: a stale conclusion must not drop its states
                 watchdog.forget(key, remember=False)
+
+    def _hashable_key(self, model: Any) -> Hashable:
+        key = self.key(model)
+        try:
+            hash(key)
+        except TypeError:
+            raise ConfigError(
+                f"key(model) returned {key!r} for model {model!r}: a watchdog key must "
+                "be hashable (see attach(key=...))"
+            ) from None
+        return key
 
     def leave(self, models: list[Any]) -> None:
         """Unregister *models* (removed from the machine) and stop tracking them."""
@@ -300,6 +304,12 @@ class _Attachment:
             what = f"trigger {self.trigger!r}"
         else:
             return None
+        self._follow(result, model, what, expiry)
+        return None
+
+    def _follow(self, result: object, model: Any, what: str, expiry: Expiry[Any]) -> None:
+        """Schedule an awaitable *result* of the trigger or callback (*what*); warn
+        about a trigger that did not run."""
         if inspect.isawaitable(result):
             self._schedule(result, model, what)
         elif result is False and self.callback is None:
@@ -310,7 +320,6 @@ class _Attachment:
                 model,
                 expiry.state_label,
             )
-        return None
 
     def _schedule(self, awaitable: Any, model: Any, what: str) -> None:
         async def run() -> Any:
@@ -384,6 +393,13 @@ def _validate(machine: Any, spec: Spec, trigger: str | None) -> None:
             f"machine {machine!r} is a HierarchicalMachine, which stallguard.transitions does "
             "not support yet (nested and parallel states); use a flat Machine or AsyncMachine"
         )
+    _check_states(machine, spec)
+    if trigger is not None:
+        _check_trigger(machine, spec, trigger)
+
+
+def _check_states(machine: Any, spec: Spec) -> None:
+    """Refuse a spec and a machine whose states differ."""
     machine_states = set(machine.states)
     spec_states = {state_label(s) for s in spec.states}
     missing = sorted(spec_states - machine_states)
@@ -401,25 +417,33 @@ def _validate(machine: Any, spec: Spec, trigger: str | None) -> None:
             "without a deadline by omission (transitions adds a state named 'initial' "
             "when no initial state is given)"
         )
-    if trigger is None:
-        return
+
+
+def _check_trigger(machine: Any, spec: Spec, trigger: str) -> None:
+    """Refuse a *trigger* that *machine* lacks, or that has no transition from a state
+    where *spec* can expire a model."""
     if trigger not in machine.events:
         raise ConfigError(
             f"on_expire_trigger {trigger!r} is not a trigger of "
             f"{_label(machine)}; its triggers are {sorted(machine.events)}"
         )
-    can_expire = [
-        state_label(state)
-        for state, deadline in spec.deadlines.items()
-        if deadline.bounded or spec.lifetime is not None
-    ]
-    stuck = [label for label in can_expire if trigger not in machine.get_triggers(label)]
+    stuck = [label for label in _can_expire(spec) if trigger not in machine.get_triggers(label)]
     if stuck:
         raise ConfigError(
             f"on_expire_trigger {trigger!r} has no transition from {stuck}, where spec "
             f"{spec.name!r} can expire a model; add one, e.g. "
             f"machine.add_transition({trigger!r}, source='*', dest='Failed')"
         )
+
+
+def _can_expire(spec: Spec) -> list[str]:
+    """The labels of the states where *spec* can expire a model (a deadline, a progress
+    window or the spec's lifetime bounds them)."""
+    return [
+        state_label(state)
+        for state, deadline in spec.deadlines.items()
+        if deadline.bounded or spec.lifetime is not None
+    ]
 
 
 def attach(
@@ -494,57 +518,13 @@ def attach(
         machine.add_model(Transfer())   # tracked from its initial state on
         watchdog.check()                # fires model.fail() on the overdue ones
     """
-    if not isinstance(machine, transitions.Machine):
-        raise ConfigError(f"machine must be a transitions.Machine, got {machine!r}")
-    if machine in _ATTACHED:
-        raise ConfigError(
-            f"{_label(machine)} is already attached to a watchdog; "
-            "call stallguard.transitions.detach(machine) first"
-        )
-    if callback is not None:
-        if on_expire_trigger is not _UNSET:
-            raise ConfigError(
-                f"pass either on_expire_trigger ({on_expire_trigger!r}) or callback "
-                f"({callback!r}), not both"
-            )
-        if not callable(callback):
-            raise ConfigError(f"callback must be callable, got {callback!r}")
-        trigger = None
-    else:
-        trigger = _DEFAULT_TRIGGER if on_expire_trigger is _UNSET else on_expire_trigger
-        if trigger is not None and not isinstance(trigger, str):
-            raise ConfigError(f"on_expire_trigger must be a trigger name or None, got {trigger!r}")
+    _check_machine(machine)
+    trigger = _trigger(on_expire_trigger, callback)
     if loop is not None and not isinstance(loop, asyncio.AbstractEventLoop):
         raise ConfigError(f"loop must be an asyncio event loop, got {loop!r}")
     key_of = _key_function(key)
-
     if watchdog is not None:
-        if not isinstance(watchdog, Watchdog):
-            raise ConfigError(
-                f"watchdog must be a stallguard.Watchdog returned by attach(), got {watchdog!r}"
-            )
-        found = _ROUTERS.get(watchdog)
-        if found is None:
-            raise ConfigError(
-                f"watchdog {watchdog!r} was not created by stallguard.transitions.attach(), "
-                "so it cannot fire triggers on models; pass a spec instead, or a watchdog "
-                "returned by attach()"
-            )
-        given = {"clock": clock, "mode": mode, "memory": memory}
-        extra = sorted(name for name, value in given.items() if value is not None)
-        if extra:
-            raise ConfigError(
-                f"{', '.join(extra)} cannot be given with an existing watchdog "
-                f"({watchdog!r}); it already has them"
-            )
-        if spec is None:
-            spec = watchdog.spec
-        elif spec != watchdog.spec:
-            raise ConfigError(
-                f"spec {spec.name!r} differs from the spec of watchdog {watchdog!r}; "
-                "omit spec to use the watchdog's"
-            )
-        router = found
+        spec, router = _shared(watchdog, spec, {"clock": clock, "mode": mode, "memory": memory})
     elif not isinstance(spec, Spec):
         raise ConfigError(f"spec must be a stallguard.Spec, got {spec!r}")
     _validate(machine, spec, trigger)
@@ -561,6 +541,72 @@ def attach(
     )
     attachment.install()
     return watchdog
+
+
+def _check_machine(machine: object) -> None:
+    """Refuse what is not a machine, or a machine already attached."""
+    if not isinstance(machine, transitions.Machine):
+        raise ConfigError(f"machine must be a transitions.Machine, got {machine!r}")
+    if machine in _ATTACHED:
+        raise ConfigError(
+            f"{_label(machine)} is already attached to a watchdog; "
+            "call stallguard.transitions.detach(machine) first"
+        )
+
+
+def _trigger(
+    on_expire_trigger: str | None, callback: Callable[[Any, Expiry[Any]], object] | None
+) -> str | None:
+    """The trigger to fire on an expired model: none when *callback* is given (and
+    *on_expire_trigger* must then be left out), else *on_expire_trigger* or ``"fail"``."""
+    if callback is not None:
+        if on_expire_trigger is not _UNSET:
+            raise ConfigError(
+                f"pass either on_expire_trigger ({on_expire_trigger!r}) or callback "
+                f"({callback!r}), not both"
+            )
+        if not callable(callback):
+            raise ConfigError(f"callback must be callable, got {callback!r}")
+        return None
+    trigger = _DEFAULT_TRIGGER if on_expire_trigger is _UNSET else on_expire_trigger
+    if trigger is not None and not isinstance(trigger, str):
+        raise ConfigError(f"on_expire_trigger must be a trigger name or None, got {trigger!r}")
+    return trigger
+
+
+def _shared(
+    watchdog: Watchdog[Any], spec: Spec | None, given: Mapping[str, object]
+) -> tuple[Spec, _Router]:
+    """The spec and the router of *watchdog*, an existing watchdog of :func:`attach`
+    (*spec*, if given, must be its spec; no option may be *given* for it)."""
+    if not isinstance(watchdog, Watchdog):
+        raise ConfigError(
+            f"watchdog must be a stallguard.Watchdog returned by attach(), got {watchdog!r}"
+        )
+    router = _ROUTERS.get(watchdog)
+    if router is None:
+        raise ConfigError(
+            f"watchdog {watchdog!r} was not created by stallguard.transitions.attach(), "
+            "so it cannot fire triggers on models; pass a spec instead, or a watchdog "
+            "returned by attach()"
+        )
+    _refuse_options(watchdog, given)
+    if spec is not None and spec != watchdog.spec:
+        raise ConfigError(
+            f"spec {spec.name!r} differs from the spec of watchdog {watchdog!r}; "
+            "omit spec to use the watchdog's"
+        )
+    return (watchdog.spec if spec is None else spec), router
+
+
+def _refuse_options(watchdog: Watchdog[Any], given: Mapping[str, object]) -> None:
+    """Refuse options *given* (not None) for an existing *watchdog*: it has its own."""
+    extra = sorted(name for name, value in given.items() if value is not None)
+    if extra:
+        raise ConfigError(
+            f"{', '.join(extra)} cannot be given with an existing watchdog "
+            f"({watchdog!r}); it already has them"
+        )
 
 
 def detach(machine: transitions.Machine) -> bool:

@@ -159,6 +159,26 @@ def test_garbage_responses_are_named_errors(server: Server, body: bytes, status:
     assert isinstance(text, str)
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (
+            b'{"status": "error", "error": "parse error at char 3"}',
+            "HTTP 400: parse error at char 3",
+        ),
+        (b"<html>bad request</html>", "HTTP 400"),
+    ],
+)
+def test_http_errors_name_the_status_and_prometheus_error(
+    server: Server, body: bytes, said: str
+) -> None:
+    """An HTTP error says its status, and the error of Prometheus's JSON body if any."""
+    server.status, server.body = 400, body
+    with pytest.raises(PrometheusAPIError) as raised:
+        _read(server)
+    assert str(raised.value) == f"--prometheus {server.url!r}: /api/v1/query_range answered {said}"
+
+
 HUGE = st.one_of(
     st.sampled_from(["1e308", "1.7976931348623157e308", "+Inf", "-Inf", "NaN", "-1", "9" * 400]),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),

@@ -130,26 +130,28 @@ def set_on_expire_hooks(hooks: Iterable[HookSpec] | None) -> None:
             callable nor an :class:`ExpiryHookFactory`.
     """
     global _configured, _resolved
-    if hooks is None:
-        configured = None
-    else:
-        if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Iterable):
-            hint = " (wrap a single hook in a list)" if callable(hooks) else ""
-            raise ConfigError(
-                f"set_on_expire_hooks(hooks) takes an iterable of hooks or None{hint}, "
-                f"got {hooks!r}"
-            )
-        configured = tuple(hooks)
-        for hook in configured:
-            if not (isinstance(hook, ExpiryHookFactory) or callable(hook)):
-                raise ConfigError(
-                    f"set_on_expire_hooks(hooks) takes callables or ExpiryHookFactory "
-                    f"instances, got {hook!r} in {configured!r}"
-                )
+    configured = None if hooks is None else _checked_hooks(hooks)
     with _lock:
         _configured = configured
         _resolved = None
         _registry.invalidate()
+
+
+def _checked_hooks(hooks: object) -> tuple[HookSpec, ...]:
+    """*hooks* as a tuple, checked to be an iterable of hooks and factories."""
+    if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Iterable):
+        hint = " (wrap a single hook in a list)" if callable(hooks) else ""
+        raise ConfigError(
+            f"set_on_expire_hooks(hooks) takes an iterable of hooks or None{hint}, got {hooks!r}"
+        )
+    configured = tuple(hooks)
+    for hook in configured:
+        if not (isinstance(hook, ExpiryHookFactory) or callable(hook)):
+            raise ConfigError(
+                f"set_on_expire_hooks(hooks) takes callables or ExpiryHookFactory "
+                f"instances, got {hook!r} in {configured!r}"
+            )
+    return configured
 
 
 def get_on_expire_hooks() -> tuple[ExpiryHook, ...]:

@@ -244,31 +244,38 @@ def _count_runner_error(spec: str) -> None:
 
 
 def _valid_buckets(buckets: object) -> tuple[float, ...]:
-    def refuse(problem: str) -> ConfigError:
-        return ConfigError(
-            "enable_metrics(state_duration_buckets=...) must be a non-empty sequence of "
-            f"increasing, finite, non-negative numbers of seconds, got {buckets!r}: {problem}"
-        )
-
     if isinstance(buckets, (str, bytes, Mapping)) or not isinstance(buckets, Iterable):
-        raise refuse(f"a {type(buckets).__name__} is not a sequence of numbers")
+        raise _bad_buckets(buckets, f"a {type(buckets).__name__} is not a sequence of numbers")
     values = tuple(buckets)
     if not values:
-        raise refuse("it is empty")
+        raise _bad_buckets(buckets, "it is empty")
     out: list[float] = []
     for b in values:
-        if isinstance(b, bool) or not isinstance(b, numbers.Real):
-            raise refuse(f"{b!r} is not a number")
-        try:
-            seconds = float(b)
-        except OverflowError:
-            raise refuse(f"{b!r} is too large for a float") from None
-        if not math.isfinite(seconds) or seconds < 0:
-            raise refuse(f"{b!r} is not a finite, non-negative number")
+        seconds = _bucket_seconds(buckets, b)
         if out and seconds <= out[-1]:
-            raise refuse(f"{b!r} does not increase on {out[-1]!r}")
+            raise _bad_buckets(buckets, f"{b!r} does not increase on {out[-1]!r}")
         out.append(seconds)
     return tuple(out)
+
+
+def _bucket_seconds(buckets: object, b: object) -> float:
+    """The bound *b* of *buckets* as a finite, non-negative float."""
+    if isinstance(b, bool) or not isinstance(b, numbers.Real):
+        raise _bad_buckets(buckets, f"{b!r} is not a number")
+    try:
+        seconds = float(b)
+    except OverflowError:
+        raise _bad_buckets(buckets, f"{b!r} is too large for a float") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise _bad_buckets(buckets, f"{b!r} is not a finite, non-negative number")
+    return seconds
+
+
+def _bad_buckets(buckets: object, problem: str) -> ConfigError:
+    return ConfigError(
+        "enable_metrics(state_duration_buckets=...) must be a non-empty sequence of "
+        f"increasing, finite, non-negative numbers of seconds, got {buckets!r}: {problem}"
+    )
 
 
 def enable_metrics(
@@ -318,15 +325,7 @@ def enable_metrics(
             (``nan``, ``inf``, a string, an int too large for a float are refused).
     """
     global _current
-    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
-        raise ConfigError(
-            f"enable_metrics(meter_provider=...) must be an OpenTelemetry MeterProvider "
-            f"or None, got {meter_provider!r}"
-        )
-    if not isinstance(state_durations, bool):
-        raise ConfigError(
-            f"enable_metrics(state_durations=...) must be True or False, got {state_durations!r}"
-        )
+    _check_metrics_args(meter_provider, state_durations)
     buckets = _valid_buckets(state_duration_buckets)
     new = _Metrics(meter_provider, buckets if state_durations else None)
     install = new.install if state_durations else None
@@ -338,6 +337,20 @@ def enable_metrics(
                 old.uninstall(watchdog)
             if install is not None:
                 install(watchdog)
+
+
+def _check_metrics_args(meter_provider: object, state_durations: object) -> None:
+    """Refuse a *meter_provider* without ``get_meter()``, or a non-bool
+    *state_durations*."""
+    if meter_provider is not None and not callable(getattr(meter_provider, "get_meter", None)):
+        raise ConfigError(
+            f"enable_metrics(meter_provider=...) must be an OpenTelemetry MeterProvider "
+            f"or None, got {meter_provider!r}"
+        )
+    if not isinstance(state_durations, bool):
+        raise ConfigError(
+            f"enable_metrics(state_durations=...) must be True or False, got {state_durations!r}"
+        )
 
 
 def disable_metrics() -> None:

@@ -329,3 +329,45 @@ def test_counter_labels_copy_sglangs_scheduler_labels():
         "dp_rank": "",  # absent, not "None"
     }
     assert LABELS == ("queue", "backend", "state", "reason")
+
+
+def test_counter_labels_without_a_collector_come_from_the_runtime(monkeypatch):
+    """Without SGLang's metrics collector, the labels are derived as SGLang derives
+    them: the runtime context's values first, the scheduler's where it has none."""
+    from types import SimpleNamespace
+
+    from stallguard_sglang._metrics import scheduler_labels
+
+    srt = pytest.importorskip("sglang.srt")
+    sched = SimpleNamespace(
+        server_args=SimpleNamespace(
+            disaggregation_mode=SimpleNamespace(value="decode"), served_model_name="args"
+        ),
+        ps=SimpleNamespace(pp_rank=2),
+    )
+
+    def unpublished():
+        raise RuntimeError("not published in this process")
+
+    context = SimpleNamespace(get_disagg=unpublished, get_parallel=unpublished)
+    context.get_serving = unpublished
+    monkeypatch.setattr(srt, "runtime_context", context, raising=False)
+    assert scheduler_labels(sched, tp_rank=1) == {
+        "model_name": "args",
+        "engine_type": "decode",
+        "tp_rank": "1",
+        "pp_rank": "2",  # the scheduler's (SGLang 0.5.17)
+        "moe_ep_rank": "",
+    }
+    context.get_serving = lambda: SimpleNamespace(served_model_name="served")
+    context.get_disagg = lambda: SimpleNamespace(disaggregation_mode="prefill")
+    context.get_parallel = lambda: SimpleNamespace(pp_rank=0, moe_ep_rank=1, dp_rank=3)
+    assert scheduler_labels(sched, tp_rank=None) == {
+        "model_name": "served",
+        "engine_type": "prefill",
+        "tp_rank": "",
+        "pp_rank": "0",
+        "moe_ep_rank": "1",
+        "dp_rank": "3",
+    }
+    assert scheduler_labels(SimpleNamespace(), tp_rank=0)["engine_type"] == "prefill"

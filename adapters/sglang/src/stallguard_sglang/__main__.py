@@ -78,6 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
     from . import _advise
 
+    args = _parser().parse_args(argv)
+    if args.command == "advise":
+        return _advise.run(args)
+    return _check(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line's parser, with the ``advise`` command."""
+    from . import _advise
+
     parser = OneLineParser(
         prog="python -m stallguard_sglang",
         description="Validate stallguard-sglang's configuration and print the support "
@@ -117,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         help="assume this SGLang release (default: the installed one)",
     )
     parser.add_argument("--version", action=_VersionAction)
-    args = parser.parse_args(argv)
-    if args.command == "advise":
-        return _advise.run(args)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Validate the configuration, print the support tables; the exit status."""
     try:
         config = load_config(_environment(args.config))
     except ConfigError as e:  # (load_config turns every failure into one)
@@ -130,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_DISABLED
     installed = sglang_version()
     version = args.sglang_version or installed
-    try:
-        supported = version is not None and is_supported(version)
-    except ValueError:  # an installed SGLang whose version is not PEP 440
-        supported = False
+    supported = _supported(version)
     print(f"config: {config.source}")
     support = "supported" if supported else "NOT supported"
     print(f"SGLang: {version or 'not installed'} ({support}; supported {SUPPORTED_SGLANG})")
@@ -142,6 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("decode queues (every backend; phases as in SGLang 0.5.23):")
     print(format_support_table(decode_support_table(config), version=version, second="policy"))
+    return _status(version, supported)
+
+
+def _supported(version: str | None) -> bool:
+    """Whether SGLang *version* is in the supported range (not when unknown)."""
+    try:
+        return version is not None and is_supported(version)
+    except ValueError:  # an installed SGLang whose version is not PEP 440
+        return False
+
+
+def _status(version: str | None, supported: bool) -> int:
+    """The exit status for SGLang *version*, saying on stderr what is wrong with it."""
     if version is None:
         print("stallguard-sglang: SGLang is not installed here", file=sys.stderr)
         return EXIT_SGLANG_MISSING

@@ -101,6 +101,18 @@ def install_import_hook() -> bool:
         ValueError: if :data:`ENV_ACTIVATION` holds none of :data:`ACTIVATIONS` (the
             message names the variable and the value).
     """
+    if _plugin_activates(_activation()):
+        return False
+    if TRIGGER_MODULE in sys.modules:
+        _activate_now()
+        return True
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+    return True
+
+
+def _activation() -> str:
+    """:data:`ENV_ACTIVATION`, one of :data:`ACTIVATIONS` (default ``auto``)."""
     raw = os.environ.get(ENV_ACTIVATION, "auto")
     choice = raw.strip().lower() or "auto"
     if choice not in ACTIVATIONS:
@@ -108,19 +120,19 @@ def install_import_hook() -> bool:
             f"environment variable {ENV_ACTIVATION}={raw!r}: expected one of "
             f"{', '.join(ACTIVATIONS)}"
         )
+    return choice
+
+
+def _plugin_activates(choice: str) -> bool:
+    """Whether the plugin entry point activates the adapter, for the activation
+    *choice*: always for ``plugin``; for ``auto``, if SGLang has the plugin framework."""
     if choice == "plugin":
-        return False
+        return True
     if choice == "auto":
         from .package import has_plugin_framework
 
-        if has_plugin_framework():
-            return False
-    if TRIGGER_MODULE in sys.modules:
-        _activate_now()
-        return True
-    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-    return True
+        return has_plugin_framework()
+    return False
 
 
 def from_pth() -> bool:

@@ -86,39 +86,54 @@ def read_source(
             end=time.time() if end is None else end,
         )
     if url is not None:
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                return str(response.read().decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"--url {url!r}: the response is not UTF-8 text ({e})") from None
-        except (OSError, ValueError, http.client.HTTPException) as e:
-            raise ValueError(f"--url {url!r}: cannot scrape it: {describe_exception(e)}") from None
+        return _scrape(url)
     if file is not None:
-        try:
-            with open(file, encoding="utf-8") as f:
-                return f.read()
-        except UnicodeDecodeError as e:
-            raise ValueError(
-                f"--file {file!r}: not UTF-8 text: byte {e.object[e.start]:#04x} at offset "
-                f"{e.start} cannot be decoded (a Prometheus exposition is UTF-8)"
-            ) from None
-        except (OSError, ValueError) as e:
-            raise ValueError(f"--file {file!r}: cannot read it: {describe_exception(e)}") from None
+        return _read_file(file)
     if multiproc_dir is not None:
-        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-
-        if not os.path.isdir(multiproc_dir):
-            raise ValueError(f"--multiproc-dir {multiproc_dir!r} is not a directory")
-        try:
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
-            return generate_latest(registry).decode("utf-8")
-        except Exception as e:  # a corrupt or foreign .db file, unreadable files...
-            raise ValueError(
-                f"--multiproc-dir {multiproc_dir!r}: cannot read the metrics in it: "
-                f"{describe_exception(e)}"
-            ) from None
+        return _collect(multiproc_dir)
     raise ValueError("give one of --prometheus, --url, --file or --multiproc-dir")
+
+
+def _scrape(url: str) -> str:
+    """The exposition at the ``/metrics`` *url*."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--url {url!r}: the response is not UTF-8 text ({e})") from None
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        raise ValueError(f"--url {url!r}: cannot scrape it: {describe_exception(e)}") from None
+
+
+def _read_file(file: str) -> str:
+    """The saved exposition *file*."""
+    try:
+        with open(file, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"--file {file!r}: not UTF-8 text: byte {e.object[e.start]:#04x} at offset "
+            f"{e.start} cannot be decoded (a Prometheus exposition is UTF-8)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--file {file!r}: cannot read it: {describe_exception(e)}") from None
+
+
+def _collect(multiproc_dir: str) -> str:
+    """The exposition of prometheus_client's multiprocess directory *multiproc_dir*."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    if not os.path.isdir(multiproc_dir):
+        raise ValueError(f"--multiproc-dir {multiproc_dir!r} is not a directory")
+    try:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(registry).decode("utf-8")
+    except Exception as e:  # a corrupt or foreign .db file, unreadable files...
+        raise ValueError(
+            f"--multiproc-dir {multiproc_dir!r}: cannot read the metrics in it: "
+            f"{describe_exception(e)}"
+        ) from None
 
 
 def _backends(text: str, queue: str) -> list[str]:
@@ -177,18 +192,32 @@ def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
     longest across backends: decode deadlines are not per backend). States without a
     suggestion are left out (they keep their configured deadline)."""
     inflight = {b: a for (q, b), a in advice.items() if q == "inflight"}
+    lines = _prefill_tables(inflight) + _bootstrap_table(advice)
+    for queue, phases in DECODE_PHASES.items():
+        lines += _decode_table(queue, phases, advice)
+    return "\n".join(lines)
+
+
+def _prefill_tables(inflight: Mapping[str, Advice]) -> list[str]:
+    """``[prefill.deadlines]`` for the backend with the most recorded stays (``fake``
+    last), ``[prefill.backends.<name>.deadlines]`` for each other."""
 
     def weight(backend: str) -> tuple[bool, int]:
         return backend != "fake", sum(s.count for s in inflight[backend].states.values())
 
-    order = sorted(inflight, key=weight, reverse=True)
     lines: list[str] = []
-    for n, backend in enumerate(order):
+    for n, backend in enumerate(sorted(inflight, key=weight, reverse=True)):
         a = inflight[backend]
         table = "[prefill.deadlines]" if n == 0 else f"[prefill.backends.{backend}.deadlines]"
         lines.append(f"{table}  # {backend}: {_summary(a)}")
         lines += a.toml_lines(_PREFILL_STATES)
         lines.append("")
+    return lines
+
+
+def _bootstrap_table(advice: Mapping[tuple[str, str], Advice]) -> list[str]:
+    """``[bootstrap_queue] deadline``: the longest ``Bootstrapping`` suggestion of the
+    bootstrap queue across backends (nothing without one)."""
     boot = [
         s.suggested
         for (q, _), a in advice.items()
@@ -196,13 +225,9 @@ def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
         for s in a.states.values()
         if s.state == "Bootstrapping" and s.suggested is not None
     ]
-    if boot:
-        lines.append("[bootstrap_queue]")
-        lines.append(f"deadline = {toml_number(max(boot))}")
-        lines.append("")
-    for queue, phases in DECODE_PHASES.items():
-        lines += _decode_table(queue, phases, advice)
-    return "\n".join(lines)
+    if not boot:
+        return []
+    return ["[bootstrap_queue]", f"deadline = {toml_number(max(boot))}", ""]
 
 
 def _decode_table(
@@ -213,25 +238,30 @@ def _decode_table(
     it); a phase no backend has a suggestion for is a comment saying why (it keeps its
     configured deadline); nothing when the queue has no stays at all."""
     per_backend = {b: a for (q, b), a in sorted(advice.items()) if q == queue}
-    lines: list[str] = []
-    for phase in phases:
-        found = [
-            (s.suggested, b)
-            for b, a in per_backend.items()
-            if (s := a.states.get(phase)) is not None and s.suggested is not None
-        ]
-        if found:
-            seconds, backend = max(found)
-            lines.append(f"{phase} = {toml_number(seconds)}  # {backend}")
-            continue
-        reasons = sorted(
-            {s.reason for a in per_backend.values() if (s := a.states.get(phase)) is not None}
-        )
-        if reasons:
-            lines.append(f"# {phase}: no suggestion ({'; '.join(str(r) for r in reasons)})")
+    lines = [line for phase in phases if (line := _phase_line(phase, per_backend))]
     if not lines:
         return []
     return [f"[decode.{queue}]  # the longest suggestion across backends", *lines, ""]
+
+
+def _phase_line(phase: str, per_backend: Mapping[str, Advice]) -> str | None:
+    """*phase*'s line of a ``[decode.<queue>]`` table: its longest suggestion across
+    backends (*per_backend*), else a comment with the reasons there is none (None: no
+    backend has the phase)."""
+    found = [
+        (s.suggested, b)
+        for b, a in per_backend.items()
+        if (s := a.states.get(phase)) is not None and s.suggested is not None
+    ]
+    if found:
+        seconds, backend = max(found)
+        return f"{phase} = {toml_number(seconds)}  # {backend}"
+    reasons = sorted(
+        {s.reason for a in per_backend.values() if (s := a.states.get(phase)) is not None}
+    )
+    if reasons:
+        return f"# {phase}: no suggestion ({'; '.join(str(r) for r in reasons)})"
+    return None
 
 
 def _summary(a: Advice) -> str:
@@ -321,27 +351,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the advise command on parsed arguments (see :func:`add_arguments`)."""
-    multiproc = args.multiproc_dir
-    if args.url is None and args.file is None and multiproc is None and not args.prometheus:
-        multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     try:
-        text = read_source(
-            url=args.url,
-            file=args.file,
-            multiproc_dir=multiproc,
-            prometheus=args.prometheus,
-            window=parse_window(args.window),
-            step=None if args.step is None else parse_window(args.step, "--step"),
-        )
-        baseline = read_source(file=args.baseline) if args.baseline else None
-        advice = advise_text(
-            text,
-            baseline=baseline,
-            false_timeout_rate=args.false_timeout_rate,
-            margin=args.margin,
-            floor=args.floor,
-            min_samples=args.min_samples,
-        )
+        advice = _advise(args)
     except (OSError, ValueError, TypeError, ConfigError) as e:
         print(f"stallguard-sglang advise: {one_line(str(e))}", file=sys.stderr)
         return 2
@@ -356,11 +367,39 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     if not args.toml:
-        for (queue, backend), a in advice.items():
-            what = "Prometheus history, pods summed" if args.prometheus else "scrape"
-            print(f"== {queue} queue, {backend} (mode: {what}; ranks summed)")
-            print(a.table())
-            print()
+        _print_tables(advice, "Prometheus history, pods summed" if args.prometheus else "scrape")
         print("# paste into the file STALLGUARD_SGLANG_CONFIG names:")
     print(toml_block(advice))
     return 0
+
+
+def _advise(args: argparse.Namespace) -> dict[tuple[str, str], Advice]:
+    """The advice for the source and the parameters *args* name."""
+    multiproc = args.multiproc_dir
+    if args.url is None and args.file is None and multiproc is None and not args.prometheus:
+        multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    text = read_source(
+        url=args.url,
+        file=args.file,
+        multiproc_dir=multiproc,
+        prometheus=args.prometheus,
+        window=parse_window(args.window),
+        step=None if args.step is None else parse_window(args.step, "--step"),
+    )
+    baseline = read_source(file=args.baseline) if args.baseline else None
+    return advise_text(
+        text,
+        baseline=baseline,
+        false_timeout_rate=args.false_timeout_rate,
+        margin=args.margin,
+        floor=args.floor,
+        min_samples=args.min_samples,
+    )
+
+
+def _print_tables(advice: Mapping[tuple[str, str], Advice], what: str) -> None:
+    """Each queue and backend's advice table; *what* says where the figures came from."""
+    for (queue, backend), a in advice.items():
+        print(f"== {queue} queue, {backend} (mode: {what}; ranks summed)")
+        print(a.table())
+        print()

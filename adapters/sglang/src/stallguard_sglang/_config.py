@@ -369,40 +369,9 @@ def apply_environment(config: Config, environ: Mapping[str, str] | None = None) 
     )
     if not env.values:
         return config
-    p = ENV_PREFIX
-    prefill, boot, decode = config.prefill, config.bootstrap_queue, config.decode
-    if f"{p}PREFILL_MODE" in env:
-        prefill = replace(prefill, mode=env.choice(f"{p}PREFILL_MODE", _MODES))  # type: ignore[arg-type]
-    backends = dict(prefill.backends)
-    for b in BACKENDS:
-        found = _env_deadlines(env, f"{p}PREFILL_{_env_name(b)}_", LIVE_STATES, backends.get(b, {}))
-        if found:
-            backends[b] = found
-    prefill = replace(
-        prefill,
-        deadlines=_env_deadlines(env, f"{p}PREFILL_", LIVE_STATES, prefill.deadlines),
-        backends=_frozen(backends),
-    )
-    if f"{p}BOOTSTRAP_QUEUE_MODE" in env:
-        boot = replace(boot, mode=env.choice(f"{p}BOOTSTRAP_QUEUE_MODE", _BOOTSTRAP_MODES))  # type: ignore[arg-type]
-    if f"{p}BOOTSTRAP_QUEUE_DEADLINE" in env:
-        advice = f"set {p}BOOTSTRAP_QUEUE_MODE=off for no deadline"
-        deadline = env.seconds(f"{p}BOOTSTRAP_QUEUE_DEADLINE", none=False, advice=advice)
-        boot = replace(boot, deadline=deadline)
-    if f"{p}DECODE_MODE" in env:
-        decode = replace(decode, mode=env.choice(f"{p}DECODE_MODE", _MODES))  # type: ignore[arg-type]
-    if f"{p}DECODE_QUARANTINE" in env:
-        seconds = env.seconds(f"{p}DECODE_QUARANTINE", none=False, advice=_QUARANTINE_ADVICE)
-        decode = replace(decode, quarantine=decode.quarantine if seconds is None else seconds)
-    decode = replace(
-        decode,
-        prealloc=_env_deadlines(
-            env, f"{p}DECODE_PREALLOC_", DECODE_PHASES["prealloc"], decode.prealloc
-        ),
-        transfer=_env_deadlines(
-            env, f"{p}DECODE_TRANSFER_", DECODE_PHASES["transfer"], decode.transfer
-        ),
-    )
+    prefill = _env_prefill(env, config.prefill)
+    boot = _env_bootstrap_queue(env, config.bootstrap_queue)
+    decode = _env_decode(env, config.decode)
     if ENV_MODE in env:
         prefill, boot, decode = _switch(
             env, env.choice(ENV_MODE, ("enforce", "report")), prefill, boot, decode
@@ -412,6 +381,54 @@ def apply_environment(config: Config, environ: Mapping[str, str] | None = None) 
         bootstrap_queue=boot,
         decode=decode,
         source=f"{config.source} + environment ({', '.join(env)})",
+    )
+
+
+def _env_prefill(env: EnvReader, prefill: PrefillConfig) -> PrefillConfig:
+    """*prefill* with the ``..._PREFILL_*`` overrides applied."""
+    p = ENV_PREFIX
+    if f"{p}PREFILL_MODE" in env:
+        prefill = replace(prefill, mode=env.choice(f"{p}PREFILL_MODE", _MODES))  # type: ignore[arg-type]
+    backends = dict(prefill.backends)
+    for b in BACKENDS:
+        found = _env_deadlines(env, f"{p}PREFILL_{_env_name(b)}_", LIVE_STATES, backends.get(b, {}))
+        if found:
+            backends[b] = found
+    return replace(
+        prefill,
+        deadlines=_env_deadlines(env, f"{p}PREFILL_", LIVE_STATES, prefill.deadlines),
+        backends=_frozen(backends),
+    )
+
+
+def _env_bootstrap_queue(env: EnvReader, boot: BootstrapQueueConfig) -> BootstrapQueueConfig:
+    """*boot* with the ``..._BOOTSTRAP_QUEUE_*`` overrides applied."""
+    p = ENV_PREFIX
+    if f"{p}BOOTSTRAP_QUEUE_MODE" in env:
+        boot = replace(boot, mode=env.choice(f"{p}BOOTSTRAP_QUEUE_MODE", _BOOTSTRAP_MODES))  # type: ignore[arg-type]
+    if f"{p}BOOTSTRAP_QUEUE_DEADLINE" in env:
+        advice = f"set {p}BOOTSTRAP_QUEUE_MODE=off for no deadline"
+        deadline = env.seconds(f"{p}BOOTSTRAP_QUEUE_DEADLINE", none=False, advice=advice)
+        boot = replace(boot, deadline=deadline)
+    return boot
+
+
+def _env_decode(env: EnvReader, decode: DecodeConfig) -> DecodeConfig:
+    """*decode* with the ``..._DECODE_*`` overrides applied."""
+    p = ENV_PREFIX
+    if f"{p}DECODE_MODE" in env:
+        decode = replace(decode, mode=env.choice(f"{p}DECODE_MODE", _MODES))  # type: ignore[arg-type]
+    if f"{p}DECODE_QUARANTINE" in env:
+        seconds = env.seconds(f"{p}DECODE_QUARANTINE", none=False, advice=_QUARANTINE_ADVICE)
+        decode = replace(decode, quarantine=decode.quarantine if seconds is None else seconds)
+    return replace(
+        decode,
+        prealloc=_env_deadlines(
+            env, f"{p}DECODE_PREALLOC_", DECODE_PHASES["prealloc"], decode.prealloc
+        ),
+        transfer=_env_deadlines(
+            env, f"{p}DECODE_TRANSFER_", DECODE_PHASES["transfer"], decode.transfer
+        ),
     )
 
 
@@ -430,8 +447,15 @@ def _switch(
     if decode.mode != "off" and f"{p}DECODE_MODE" not in env:
         decode = replace(decode, mode=mode)
     if f"{p}BOOTSTRAP_QUEUE_MODE" not in env:
-        if boot.mode == "auto":
-            boot = replace(boot, auto_mode=mode)
-        elif boot.mode != "off":
-            boot = replace(boot, mode=mode)
+        boot = _switch_bootstrap_queue(boot, mode)
     return prefill, boot, decode
+
+
+def _switch_bootstrap_queue(boot: BootstrapQueueConfig, mode: Any) -> BootstrapQueueConfig:
+    """:data:`ENV_MODE` on the bootstrap queue: ``auto`` enforces or reports when it
+    guards, ``off`` stays off."""
+    if boot.mode == "auto":
+        return replace(boot, auto_mode=mode)
+    if boot.mode != "off":
+        return replace(boot, mode=mode)
+    return boot

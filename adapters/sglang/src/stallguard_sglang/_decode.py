@@ -376,28 +376,19 @@ class _DecodeGuard(QueueMembership):
     # ------------------------------------------------------------------ membership
 
     def _enroll(self, dreqs: list[Any]) -> None:
-        rt = self.rt
         now = self.clock()
         for dreq in dreqs:
             key = id(dreq.req)
             if key in self.entries:
                 continue
             receiver = getattr(dreq, "kv_receiver", None)
-            if receiver is None or not hasattr(receiver, "kv_mgr"):
+            backend = self._backend_of(receiver)
+            if backend is None:
                 continue
-            backend = rt.backend_of(receiver)
-            if backend is None or backend == "fake":
-                continue  # a FakeKVReceiver concludes on its own; nothing to wait for
             if self.backend is None:
                 self.backend = backend
-            entry = _Entry(self, dreq, receiver, backend)
-            self.entries[key] = entry
-            rooms = getattr(entry.mgr, _ROOMS, None)
-            if rooms is None:
-                rooms = {}
-                setattr(entry.mgr, _ROOMS, rooms)
-            rooms[entry.room] = entry
-            setattr(receiver, _ENTRY, entry)
+            entry = self.entries[key] = _Entry(self, dreq, receiver, backend)
+            _reachable(entry, receiver)
             # (read after the entry is reachable from the hooks: a change this read
             # misses is observed by the hook)
             self.refresh(entry, now)
@@ -405,6 +396,14 @@ class _DecodeGuard(QueueMembership):
             parent = _trace_parent(dreq.req)
             if parent is not None:
                 self.wd.annotate(entry, trace_parent=parent)
+
+    def _backend_of(self, receiver: Any) -> str | None:
+        """The backend of a request's *receiver*; None for none to guard (no
+        receiver, or a FakeKVReceiver, which concludes on its own)."""
+        if receiver is None or not hasattr(receiver, "kv_mgr"):
+            return None
+        backend = self.rt.backend_of(receiver)
+        return None if backend == "fake" else backend
 
     def _leave(self, entry: Any) -> None:
         with self.lock:
@@ -428,7 +427,7 @@ class _DecodeGuard(QueueMembership):
         if not isinstance(entry, _Entry) or not entry.live or entry.forced is not None:
             return CONCLUDED
         status = entry.status()
-        if status is None or status == _FAILED or (self.kind == "prealloc" and status == _SUCCESS):
+        if self._concluded(status):
             log.info(
                 "stallguard-sglang: %s concluded as its decode deadline fired; not failing it",
                 entry.rid,
@@ -455,11 +454,23 @@ class _DecodeGuard(QueueMembership):
             f"{entry.backend}) spent {expiry.elapsed:.1f}s in {expiry.state_label} in "
             f"the decode {self.kind} queue, past its {expiry.deadline:g}s deadline"
         )
+        self._fail(entry, reason)
+        return None
+
+    def _concluded(self, status: int | None) -> bool:
+        """Whether a receiver *status* says the request concluded (its room cleared,
+        failed, or, in the prealloc queue, its metadata sent)."""
+        return (
+            status is None or status == _FAILED or (self.kind == "prealloc" and status == _SUCCESS)
+        )
+
+    def _fail(self, entry: _Entry, reason: str) -> None:
+        """Fail *entry*'s request for *reason* (remembered for the quarantine when
+        there is one)."""
         entry.forced = reason
         if self.quarantine is not None:
             self.forced[id(entry.dreq)] = (entry.dreq, entry.backend)
         fail_receiver(entry.receiver, reason)
-        return None
 
     def _rekey(self, entry: _Entry) -> None:
         """Track *entry*'s request under a new entry, in its current phase from now
@@ -493,30 +504,37 @@ class _DecodeGuard(QueueMembership):
         if self.forced:
             changed |= self._adopt(tq, deferred, quarantine)
         if self.holds:
-            present = {id(item[0]) for item in deferred}
-            for key in [k for k in self.holds if k not in present]:
-                hold = self.holds[key]
-                if hold.dreq.kv_receiver is not None:
-                    # dropped without SGLang's _do_release (a release that raised, or
-                    # release_memory_occupation): not freed, so it stays in the ledger
-                    continue
-                del self.holds[key]
-                released = quarantine.release(hold, proof=_PROOF)
-                hold.dreq = None
-                if released is not None:
-                    log.info(
-                        "stallguard-sglang: %s (bootstrap_room %s): the prefill ACKed the "
-                        "drain; its %d quarantined pages freed after %.3fs",
-                        hold.rid,
-                        hold.room,
-                        released.units,
-                        quarantine.watchdog.clock() - released.since,
-                    )
-                changed = True
+            changed |= self._release_acked(deferred, quarantine)
         if quarantine.check():
             changed = True
         if changed:
             self._show_quarantine(quarantine)
+
+    def _release_acked(self, deferred: list[Any], quarantine: Quarantine[_Hold]) -> bool:
+        """Release the holds whose deferred release SGLang resolved (the prefill ACKed
+        the drain: gone from *deferred*, and freed); whether any was."""
+        changed = False
+        present = {id(item[0]) for item in deferred}
+        for key in [k for k in self.holds if k not in present]:
+            hold = self.holds[key]
+            if hold.dreq.kv_receiver is not None:
+                # dropped without SGLang's _do_release (a release that raised, or
+                # release_memory_occupation): not freed, so it stays in the ledger
+                continue
+            del self.holds[key]
+            released = quarantine.release(hold, proof=_PROOF)
+            hold.dreq = None
+            if released is not None:
+                log.info(
+                    "stallguard-sglang: %s (bootstrap_room %s): the prefill ACKed the "
+                    "drain; its %d quarantined pages freed after %.3fs",
+                    hold.rid,
+                    hold.room,
+                    released.units,
+                    quarantine.watchdog.clock() - released.since,
+                )
+            changed = True
+        return changed
 
     def _adopt(self, tq: Any, deferred: list[Any], quarantine: Quarantine[_Hold]) -> bool:
         changed = False
@@ -525,53 +543,56 @@ class _DecodeGuard(QueueMembership):
             found = self.forced.pop(key, None)
             if found is None or key in self.holds:
                 continue
-            dreq, backend = found
             # (decode_req, start_time, deadline, metadata_idx, required_acks): only the
             # drain ACK can release it now, through SGLang's own resolve
             deferred[i] = (item[0], item[1], math.inf, *item[3:])
-            hold = _Hold(dreq, backend)
-            pages, nbytes = _held_size(dreq)
-            self.holds[key] = hold
-            quarantine.hold(
-                hold,
-                peer=hold.peer,
-                units=pages,
-                nbytes=nbytes,
-                attributes=_attributes(
-                    rid=str(hold.rid),
-                    bootstrap_room=hold.room,
-                    backend=backend,
-                    tp_rank=self.tp_rank,
-                    queue=self.kind,
-                ),
-            )
+            self._hold(key, *found, quarantine)
             changed = True
         if self.forced:
-            queued = {id(d) for d in getattr(tq, "queue", ())}
-            for key in [k for k in self.forced if k not in queued]:
-                dreq, _ = self.forced.pop(key)
-                # SGLang freed the pages at once: deferred release is off
-                # (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0) or unsupported
-                log.error(
-                    "stallguard-sglang: %s was failed with its metadata sent and SGLang "
-                    "freed its pages at once (deferred decode KV release is off or "
-                    "unsupported by this backend): a prefill that resumes may still "
-                    "write into them. Enable SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_"
-                    "RELEASE for stallguard to quarantine them",
-                    dreq.req.rid,
-                )
+            self._freed_at_once(tq)
         return changed
+
+    def _hold(self, key: int, dreq: Any, backend: str, quarantine: Quarantine[_Hold]) -> None:
+        """Quarantine the pages of *dreq*, a request stallguard failed (*key*: its
+        deferred release's)."""
+        hold = _Hold(dreq, backend)
+        pages, nbytes = _held_size(dreq)
+        self.holds[key] = hold
+        quarantine.hold(
+            hold,
+            peer=hold.peer,
+            units=pages,
+            nbytes=nbytes,
+            attributes=_attributes(
+                rid=str(hold.rid),
+                bootstrap_room=hold.room,
+                backend=backend,
+                tp_rank=self.tp_rank,
+                queue=self.kind,
+            ),
+        )
+
+    def _freed_at_once(self, tq: Any) -> None:
+        """Forget (with an error) the failed requests that left the queue without a
+        deferred release: SGLang freed their pages at once."""
+        queued = {id(d) for d in getattr(tq, "queue", ())}
+        for key in [k for k in self.forced if k not in queued]:
+            dreq, _ = self.forced.pop(key)
+            # SGLang freed the pages at once: deferred release is off
+            # (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0) or unsupported
+            log.error(
+                "stallguard-sglang: %s was failed with its metadata sent and SGLang "
+                "freed its pages at once (deferred decode KV release is off or "
+                "unsupported by this backend): a prefill that resumes may still "
+                "write into them. Enable SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_"
+                "RELEASE for stallguard to quarantine them",
+                dreq.req.rid,
+            )
 
     def _show_quarantine(self, quarantine: Quarantine[_Hold]) -> None:
         """The quarantine gauges, per (backend, peer); a peer whose holds all left is
         set to zero."""
-        by_backend: dict[str, dict[str, list[int]]] = {}
-        for held in quarantine.holds():
-            backend = held.key.backend
-            row = by_backend.setdefault(backend, {}).setdefault(held.peer, [0, 0, 0])
-            row[0] += held.units
-            row[1] += held.nbytes
-            row[2] += int(held.overdue)
+        by_backend = _held_per_peer(quarantine)
         shown = {(b, p) for b, peers in by_backend.items() for p in peers}
         for backend, peer in self._peers_shown - shown:
             by_backend.setdefault(backend, {})[peer] = [0, 0, 0]
@@ -582,6 +603,29 @@ class _DecodeGuard(QueueMembership):
                 {peer: (row[0], row[1], row[2]) for peer, row in peers.items()},
                 self.metric_labels,
             )
+
+
+def _held_per_peer(quarantine: Quarantine[_Hold]) -> dict[str, dict[str, list[int]]]:
+    """backend -> peer -> [pages, bytes, overdue holds] of what *quarantine* holds."""
+    by_backend: dict[str, dict[str, list[int]]] = {}
+    for held in quarantine.holds():
+        backend = held.key.backend
+        row = by_backend.setdefault(backend, {}).setdefault(held.peer, [0, 0, 0])
+        row[0] += held.units
+        row[1] += held.nbytes
+        row[2] += int(held.overdue)
+    return by_backend
+
+
+def _reachable(entry: _Entry, receiver: Any) -> None:
+    """Make *entry* reachable from the hooks: in its manager's rooms map, and on its
+    *receiver*."""
+    rooms = getattr(entry.mgr, _ROOMS, None)
+    if rooms is None:
+        rooms = {}
+        setattr(entry.mgr, _ROOMS, rooms)
+    rooms[entry.room] = entry
+    setattr(receiver, _ENTRY, entry)
 
 
 def fail_receiver(receiver: Any, reason: str) -> None:

@@ -436,47 +436,33 @@ class QueueGuard(QueueMembership):
     # ------------------------------------------------------------------ membership
 
     def _enroll(self, reqs: list[Any]) -> None:
-        rt = self.rt
         entries = self.entries
-        lanes = self.lanes
-        backends = rt.backends
         last: Lane | None = None
         now = 0.0
         for req in reqs:
             if id(req) in entries:
                 continue
             sender = getattr(req, "disagg_kv_sender", None)
-            if sender is None:
-                continue
-            backend: str | None = backends.get(type(sender), _UNSEEN)
-            if backend is _UNSEEN:
-                backend = rt.backend_of(sender)
-            if backend is None:
-                continue
-            lane: Lane | None = lanes.get(backend, _UNSEEN)
-            if lane is _UNSEEN:
-                lane = self.lane(backend)
+            lane = None if sender is None else self._lane_of(sender)
             if lane is None:
                 continue
             if lane is not last:  # one clock read per lane and batch
                 last = lane
                 now = lane.clock()
-            room = getattr(req, "bootstrap_room", None)
-            if lane.common:
-                mgr = sender.kv_mgr
-                rooms = getattr(mgr, ROOMS, None)
-                if rooms is None:
-                    rooms = {}
-                    setattr(mgr, ROOMS, rooms)
-                entry = Entry(lane, req, sender, room, mgr, rooms)
-                rooms[room] = entry
-            else:
-                entry = Entry(lane, req, sender, room, None, None)
-                setattr(sender, FAKE, entry)
-            entries[id(req)] = entry
+            entry = entries[id(req)] = _new_entry(lane, req, sender)
             # (the state is read after the entry is in the rooms map: a change this read
             # misses finds the entry there and is captured as an event, at or after now)
             lane.enroll(entry, now)
+
+    def _lane_of(self, sender: Any) -> Lane | None:
+        """The lane of *sender*'s backend (None: not a backend this queue guards)."""
+        backend: str | None = self.rt.backends.get(type(sender), _UNSEEN)
+        if backend is _UNSEEN:
+            backend = self.rt.backend_of(sender)
+        if backend is None:
+            return None
+        lane: Lane | None = self.lanes.get(backend, _UNSEEN)
+        return self.lane(backend) if lane is _UNSEEN else lane
 
     def _leave(self, entry: Entry) -> None:
         """Forget a request that left the queue (already out of ``entries``)."""
@@ -541,12 +527,29 @@ class QueueGuard(QueueMembership):
             return CONCLUDED
         reason = _reason(expiry, entry, self.kind)
         entry.forced = reason
-        lane = entry.lane
-        if lane.common:
+        if entry.lane.common:
             _fail_common(entry.mgr, entry.room, reason)
         else:
             entry.sender.conclude_state = FAILED
         return None
+
+
+def _new_entry(lane: Lane, req: Any, sender: Any) -> Entry:
+    """The entry of *req* (its sender *sender*) joining *lane*, found from the sender's
+    rooms map (a CommonKVSender's manager) or the sender itself (fake)."""
+    room = getattr(req, "bootstrap_room", None)
+    if not lane.common:
+        entry = Entry(lane, req, sender, room, None, None)
+        setattr(sender, FAKE, entry)
+        return entry
+    mgr = sender.kv_mgr
+    rooms = getattr(mgr, ROOMS, None)
+    if rooms is None:
+        rooms = {}
+        setattr(mgr, ROOMS, rooms)
+    entry = Entry(lane, req, sender, room, mgr, rooms)
+    rooms[room] = entry
+    return entry
 
 
 def _reason(expiry: Expiry[Any], entry: Entry, queue: str) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
@@ -146,38 +146,64 @@ def scheduler_labels(sched: Any, tp_rank: int | None) -> dict[str, str]:
     collector_labels = getattr(getattr(sched, "metrics_collector", None), "labels", None)
     if isinstance(collector_labels, Mapping) and collector_labels:
         return {str(k): "" if v is None else str(v) for k, v in collector_labels.items()}
-    try:
-        from sglang.srt import runtime_context as ctx  # type: ignore[import-untyped]
-    except ImportError:  # SGLang without a runtime context (0.5.17)
-        ctx = None
-
-    def read(get: Any) -> Any:
-        try:
-            return get()
-        except Exception:  # not published in this process
-            return None
-
-    mode = read(lambda: ctx.get_disagg().disaggregation_mode)
-    if mode is None:
-        mode = getattr(getattr(sched, "server_args", None), "disaggregation_mode", None)
-    mode = str(getattr(mode, "value", mode))
-    parallel = read(lambda: ctx.get_parallel())
-    ps = getattr(sched, "ps", None)
+    ctx = _runtime_context()
+    server_args = getattr(sched, "server_args", None)
+    mode = _disaggregation_mode(ctx, server_args)
+    parallel = _attempt(lambda: ctx.get_parallel())
     labels: dict[str, Any] = {
-        "model_name": read(lambda: ctx.get_serving().served_model_name)
-        or getattr(getattr(sched, "server_args", None), "served_model_name", None),
+        "model_name": _attempt(lambda: ctx.get_serving().served_model_name)
+        or getattr(server_args, "served_model_name", None),
         "engine_type": mode if mode in ("prefill", "decode") else "unified",
         "tp_rank": tp_rank,
-        "pp_rank": read(lambda: parallel.pp_rank) if parallel is not None else None,
-        "moe_ep_rank": read(lambda: parallel.moe_ep_rank) if parallel is not None else None,
+        **_ranks(parallel, getattr(sched, "ps", None)),
+    }
+    return {k: "" if v is None or isinstance(v, Mapping) else str(v) for k, v in labels.items()}
+
+
+def _runtime_context() -> Any:
+    """SGLang's ``runtime_context`` module (None in SGLang without one: 0.5.17)."""
+    try:
+        from sglang.srt import runtime_context as ctx  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return ctx
+
+
+def _disaggregation_mode(ctx: Any, server_args: Any) -> str:
+    """The disaggregation mode: the runtime context's, else the server arguments'."""
+    mode = _attempt(lambda: ctx.get_disagg().disaggregation_mode)
+    if mode is None:
+        mode = getattr(server_args, "disaggregation_mode", None)
+    return str(getattr(mode, "value", mode))
+
+
+def _attempt(get: Callable[[], Any]) -> Any:
+    """``get()``, or None if it raises (a value not published in this process)."""
+    try:
+        return get()
+    except Exception:
+        return None
+
+
+def _ranks(parallel: Any, ps: Any) -> dict[str, Any]:
+    """The ``pp_rank``, ``moe_ep_rank`` and (when published) ``dp_rank`` labels, from
+    the runtime context's *parallel* state (SGLang 0.5.17: ``pp_rank`` from the
+    scheduler's *ps*)."""
+    ranks = {
+        "pp_rank": _rank(parallel, "pp_rank"),
+        "moe_ep_rank": _rank(parallel, "moe_ep_rank"),
     }
     pp_rank = getattr(ps, "pp_rank", None)
-    if labels["pp_rank"] is None and isinstance(pp_rank, int):
-        labels["pp_rank"] = pp_rank  # 0.5.17 keeps it on the scheduler
-    dp_rank = read(lambda: parallel.dp_rank) if parallel is not None else None
+    if ranks["pp_rank"] is None and isinstance(pp_rank, int):
+        ranks["pp_rank"] = pp_rank  # 0.5.17 keeps it on the scheduler
+    dp_rank = _rank(parallel, "dp_rank")
     if dp_rank is not None:
-        labels["dp_rank"] = dp_rank
-    return {k: "" if v is None or isinstance(v, Mapping) else str(v) for k, v in labels.items()}
+        ranks["dp_rank"] = dp_rank
+    return ranks
+
+
+def _rank(parallel: Any, name: str) -> Any:
+    return None if parallel is None else _attempt(lambda: getattr(parallel, name))
 
 
 def _create_gauges() -> dict[str, Any] | None:

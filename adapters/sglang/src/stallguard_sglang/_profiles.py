@@ -188,31 +188,41 @@ def _fake_has_waiting_timeout(version: str | None) -> bool | None:
 
 def _native(backend: str, state: str, version: str | None, settings: dict[str, float]) -> str:
     """What SGLang itself does about a request stuck in *state* in the inflight queue."""
-    boot = f"{settings['SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT']:g}s"
     if state not in PROFILES[backend].reports:
         return "never reported"
     if state == "Bootstrapping":
-        if backend == "nixl" and not nixl_has_bootstrap_timeout(version):
-            return "no: waits forever"
-        return f"yes: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={boot} since sender creation"
+        return _native_bootstrapping(backend, version, settings)
     if backend == "fake":
-        has = _fake_has_waiting_timeout(version)
-        waiting = f"{settings['SGLANG_DISAGGREGATION_WAITING_TIMEOUT']:g}s"
-        if has is None:
-            return "unknown for this release"
-        if has:
-            return f"yes: SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} after first poll"
-        return "no: waits forever"
+        return _native_fake(version, settings)
     if backend in ("mooncake", "ascend"):
         return (
             f"partly: MC_TRANSFER_TIMEOUT={settings['MC_TRANSFER_TIMEOUT']:g}s per write "
             "batch; queueing unbounded"
         )
-    if backend == "mori" and state == "Transferring":
-        ms = settings["SGLANG_MORI_TRANSFER_TIMEOUT_MS"]
-        if ms > 0:
-            return f"yes: SGLANG_MORI_TRANSFER_TIMEOUT_MS={ms:g} per transfer"
+    ms = settings["SGLANG_MORI_TRANSFER_TIMEOUT_MS"]
+    if backend == "mori" and state == "Transferring" and ms > 0:
+        return f"yes: SGLANG_MORI_TRANSFER_TIMEOUT_MS={ms:g} per transfer"
     return "no: only a transport error or a decode ABORT ends it"
+
+
+def _native_bootstrapping(backend: str, version: str | None, settings: dict[str, float]) -> str:
+    """What SGLang does about a request stuck in ``Bootstrapping`` on *backend*."""
+    if backend == "nixl" and not nixl_has_bootstrap_timeout(version):
+        return "no: waits forever"
+    boot = f"{settings['SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT']:g}s"
+    return f"yes: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT={boot} since sender creation"
+
+
+def _native_fake(version: str | None, settings: dict[str, float]) -> str:
+    """What SGLang does about a request of the fake backend stuck after
+    ``Bootstrapping``."""
+    has = _fake_has_waiting_timeout(version)
+    if has is None:
+        return "unknown for this release"
+    if has:
+        waiting = f"{settings['SGLANG_DISAGGREGATION_WAITING_TIMEOUT']:g}s"
+        return f"yes: SGLANG_DISAGGREGATION_WAITING_TIMEOUT={waiting} after first poll"
+    return "no: waits forever"
 
 
 def _render(deadline: Deadline | None) -> str:
@@ -260,33 +270,48 @@ def support_table(
     version = version if version is not None else sglang_version()
     settings = sglang_settings(environ)
     rows: list[SupportRow] = []
-    prefill_on = config.prefill.mode != "off"
     for backend in backends:
-        profile = PROFILES[backend]
         deadlines = effective_deadlines(config, backend, environ)
         if backend != "fake":
-            boot_native = _native(backend, "Bootstrapping", version, settings)
-            if bootstrap_queue_guarded(config, backend, version):
-                ours = f"{bootstrap_queue_deadline(config, environ):g}s"
-                if config.bootstrap_queue.mode == "report":
-                    ours += " (report)"
-            else:
-                ours = f"not guarded (bootstrap_queue.mode={config.bootstrap_queue.mode})"
-            rows.append(SupportRow("bootstrap", backend, "Bootstrapping", boot_native, ours))
+            rows.append(_bootstrap_row(config, backend, version, settings, environ))
         for state in LIVE_STATES:
             native = _native(backend, state, version, settings)
-            if not prefill_on:
-                ours = "not guarded (prefill.mode=off)"
-            elif state not in profile.reports:
-                ours = "n/a"
-            else:
-                ours = _render(deadlines[state])
-                if state == "Bootstrapping":
-                    ours += " (optimistic prefill only)"
-                if config.prefill.mode == "report":
-                    ours += " (report)"
+            ours = _inflight_ours(config, PROFILES[backend], state, deadlines)
             rows.append(SupportRow("inflight", backend, state, native, ours))
     return rows
+
+
+def _bootstrap_row(
+    config: Config,
+    backend: str,
+    version: str | None,
+    settings: dict[str, float],
+    environ: Mapping[str, str] | None,
+) -> SupportRow:
+    """The bootstrap queue's ``Bootstrapping`` row of *backend*."""
+    native = _native(backend, "Bootstrapping", version, settings)
+    mode = config.bootstrap_queue.mode
+    if not bootstrap_queue_guarded(config, backend, version):
+        ours = f"not guarded (bootstrap_queue.mode={mode})"
+    else:
+        ours = f"{bootstrap_queue_deadline(config, environ):g}s"
+        ours += " (report)" if mode == "report" else ""
+    return SupportRow("bootstrap", backend, "Bootstrapping", native, ours)
+
+
+def _inflight_ours(
+    config: Config, profile: BackendProfile, state: str, deadlines: Mapping[str, Deadline]
+) -> str:
+    """The deadline stallguard gives *state* in the inflight queue, or why none."""
+    mode = config.prefill.mode
+    if mode == "off":
+        return "not guarded (prefill.mode=off)"
+    if state not in profile.reports:
+        return "n/a"
+    ours = _render(deadlines[state])
+    if state == "Bootstrapping":
+        ours += " (optimistic prefill only)"
+    return ours + (" (report)" if mode == "report" else "")
 
 
 def format_support_table(
@@ -297,12 +322,14 @@ def format_support_table(
     header = ("queue", second, "state", f"SGLang {version or '?'} bounds it", "stallguard")
     table = [header] + [(r.queue, r.backend, r.state, r.sglang, r.stallguard) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
-        for line in table
-    ]
+    lines = [_aligned(line, widths) for line in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _aligned(cells: tuple[str, ...], widths: list[int]) -> str:
+    """*cells* left-aligned in columns of *widths*, two spaces apart."""
+    return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
 
 
 # --------------------------------------------------------------------------- decode
@@ -376,10 +403,14 @@ def decode_support_table(
     for queue, phases in DECODE_PHASES.items():
         deadlines = decode_deadlines(config, queue, environ)
         for phase in phases:
-            if mode == "off":
-                ours = "not guarded (decode.mode=off)"
-            else:
-                ours = _render(deadlines[phase]) + (" (report)" if mode == "report" else "")
+            ours = _decode_ours(mode, deadlines, phase)
             for policy, native in _decode_native(queue, phase, settings):
                 rows.append(SupportRow(queue, policy, phase, native, ours))
     return rows
+
+
+def _decode_ours(mode: str, deadlines: Mapping[str, Deadline], phase: str) -> str:
+    """The deadline stallguard gives decode *phase* in *mode*, or why none."""
+    if mode == "off":
+        return "not guarded (decode.mode=off)"
+    return _render(deadlines[phase]) + (" (report)" if mode == "report" else "")

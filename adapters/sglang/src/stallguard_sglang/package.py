@@ -108,20 +108,27 @@ def has_plugin_framework() -> bool:
     entry-point group ``sglang.srt.plugins``). Checks the file, without importing SGLang
     (and without ``importlib.util``, whose imports cost milliseconds at start-up)."""
     module = sys.modules.get("sglang")
-    locations = getattr(getattr(module, "__spec__", None), "submodule_search_locations", None)
     if module is None:
-        # what importlib.util.find_spec does for a top-level name not yet imported
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            if find_spec is None:
-                continue
-            spec = find_spec("sglang", None)
-            if spec is not None:
-                locations = spec.submodule_search_locations
-                break
+        locations = _search_locations("sglang")
+    else:
+        locations = getattr(getattr(module, "__spec__", None), "submodule_search_locations", None)
     if not locations:
         return False
     return any(
         os.path.exists(os.path.join(location, "srt", "plugins", "__init__.py"))
         for location in locations
     )
+
+
+def _search_locations(name: str) -> list[str] | None:
+    """The package directories of the top-level module *name*, not yet imported, as
+    ``importlib.util.find_spec`` finds them (None if no finder knows it)."""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        spec = find_spec(name, None)
+        if spec is not None:
+            locations: list[str] | None = spec.submodule_search_locations
+            return locations
+    return None

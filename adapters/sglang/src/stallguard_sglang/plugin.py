@@ -130,6 +130,28 @@ def install(config: Config, *, via: str = "plugins") -> None:
     from . import _decode, _hooks, _runtime
 
     version = sglang_version()
+    _warn_if_unsupported(version)
+    rt = _runtime.Runtime(config, version=version)
+    _runtime.set_runtime(rt)
+    plan = _decode.hook_plan(config, _hooks.hook_plan(config, version))
+    _register(plan, via)
+    _installed = config
+    line = (
+        f"stallguard-sglang active on SGLang {version} (config {config.source}; prefill "
+        f"{config.prefill.mode}, bootstrap queue {config.bootstrap_queue.mode}, decode "
+        f"{config.decode.mode}; {len(plan)} hooks via {via})"
+    )
+    if _logging_configured(log):
+        log.info("%s", line)
+    else:
+        # SGLang's launch_server calls load_plugins() before it configures logging (in
+        # the launcher and in every scheduler process): logged now, the line would be
+        # dropped. The runtime logs it at the first queue call instead, with the table.
+        rt.pending_active_line = line
+
+
+def _warn_if_unsupported(version: str | None) -> None:
+    """Warn when SGLang *version* is outside the supported range (installing anyway)."""
     try:
         supported = version is None or is_supported(version)
     except ValueError:  # not a PEP 440 version: a local build, say
@@ -141,9 +163,11 @@ def install(config: Config, *, via: str = "plugins") -> None:
             version,
             SUPPORTED_SGLANG,
         )
-    rt = _runtime.Runtime(config, version=version)
-    _runtime.set_runtime(rt)
-    plan = _decode.hook_plan(config, _hooks.hook_plan(config, version))
+
+
+def _register(plan: list[tuple[str, Callable[..., Any], str]], via: str) -> None:
+    """Hook each ``(target, fn, kind)`` of *plan* in, *via* SGLang's ``HookRegistry``
+    (``"plugins"``) or by wrapping the targets (``"patch"``)."""
     if via == "plugins":
         from sglang.srt.plugins.hook_registry import (  # type: ignore[import-untyped]
             HookRegistry,
@@ -159,19 +183,6 @@ def install(config: Config, *, via: str = "plugins") -> None:
             patch(target, fn, kind)
     else:
         raise ValueError(f"via must be 'plugins' or 'patch', got {via!r}")
-    _installed = config
-    line = (
-        f"stallguard-sglang active on SGLang {version} (config {config.source}; prefill "
-        f"{config.prefill.mode}, bootstrap queue {config.bootstrap_queue.mode}, decode "
-        f"{config.decode.mode}; {len(plan)} hooks via {via})"
-    )
-    if _logging_configured(log):
-        log.info("%s", line)
-    else:
-        # SGLang's launch_server calls load_plugins() before it configures logging (in
-        # the launcher and in every scheduler process): logged now, the line would be
-        # dropped. The runtime logs it at the first queue call instead, with the table.
-        rt.pending_active_line = line
 
 
 def _logging_configured(logger: logging.Logger) -> bool:

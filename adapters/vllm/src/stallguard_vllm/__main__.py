@@ -14,6 +14,7 @@ vLLM. Exit status:
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from stallguard import ConfigError
@@ -34,6 +35,16 @@ _VersionAction = version_action(lambda: SUPPORT.versions_line("stallguard-vllm")
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
+    from . import advise as _advise
+
+    args = _parser().parse_args(argv)
+    if args.command == "advise":
+        return _advise.run(args)
+    return _check(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line's parser, with the ``advise`` command."""
     from . import advise as _advise
 
     parser = OneLineParser(
@@ -65,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lease", type=seconds_arg, help="the prefill's kv_lease_duration (default: vLLM's 30 s)"
     )
-    args = parser.parse_args(argv)
-    if args.command == "advise":
-        return _advise.run(args)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Validate the configuration, print the coverage table; the exit status."""
     try:
         config = connector_config({ENV_CONFIG: args.config} if args.config is not None else None)
     except ConfigError as e:  # (connector_config turns every failure into one)
@@ -82,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         config, lease=args.lease, modes=args.transfer or ("pull", "push", "mooncake", "generic")
     )
     print(format_coverage(rows))
+    return _status(version)
+
+
+def _status(version: str | None) -> int:
+    """The exit status for vLLM *version*, saying on stderr what is wrong with it."""
     if version is None:
         print("stallguard-vllm: vLLM is not installed here", file=sys.stderr)
         return EXIT_VLLM_MISSING

@@ -149,7 +149,11 @@ def connector_config(environ: Mapping[str, str] | None = None, extra: object = N
         config = Config(source="defaults (connector selected, no STALLGUARD_VLLM_CONFIG)")
     if not isinstance(extra, Mapping) or EXTRA_CONFIG_KEY not in extra:
         return config
-    section = extra[EXTRA_CONFIG_KEY]
+    return _with_extra(config, env, extra[EXTRA_CONFIG_KEY])
+
+
+def _with_extra(config: Config, env: Mapping[str, str], section: Any) -> Config:
+    """*config* with the extra-config table *section* key by key over its file's."""
     parse_config(section, source=EXTRA_SOURCE)  # its own errors, naming it
     path = env_enabled(env, enable_var=ENV_ENABLE, config_var=ENV_CONFIG)
     document = read_toml(path, var=ENV_CONFIG) if path else {}

@@ -53,11 +53,7 @@ def coverage_rows(
     wanted = set(modes)
 
     def action(deadline: float | None, how: str, *, report_only: bool = False) -> str:
-        if config.mode == "off" or deadline is None:
-            return "not guarded"
-        if config.mode == "report" or report_only:
-            return f"{_secs(deadline)}, then reported (log, span, counter)"
-        return f"{_secs(deadline)}, then {how}"
+        return _action(config.mode, deadline, how, report_only=report_only)
 
     fail = "load failure -> kv_load_failure_policy; blocks quarantined"
     rows = [
@@ -115,10 +111,7 @@ def coverage_rows(
             "both",
             "NIXL to report every transfer into a failed request's blocks over",
             "none (vLLM frees a failed request's blocks once its handles are released)",
-            "not guarded"
-            if config.mode == "off"
-            else f"{_secs(config.quarantined)}, then escalated (ERROR, span, gauge);"
-            " never freed on a timer",
+            _quarantined(config),
         ),
         CoverageRow(
             "HeldForRead",
@@ -140,9 +133,30 @@ def format_coverage(rows: Iterable[CoverageRow]) -> str:
     head = ("phase", "side", "mode", "waits for", "vLLM 0.33 bound", "stallguard")
     lines = [head] + [(r.phase, r.side, r.transfer, r.what, r.native, r.stallguard) for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = []
-    for n, line in enumerate(lines):
-        out.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
+    out = [_aligned(line, widths) for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def _aligned(cells: tuple[str, ...], widths: list[int]) -> str:
+    """*cells* left-aligned in columns of *widths*, two spaces apart."""
+    return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def _action(mode: str, deadline: float | None, how: str, *, report_only: bool = False) -> str:
+    """What stallguard does about a phase of *deadline* in *mode*: *how* it acts (in
+    enforce mode, unless the phase is *report_only*)."""
+    if mode == "off" or deadline is None:
+        return "not guarded"
+    if mode == "report" or report_only:
+        return f"{_secs(deadline)}, then reported (log, span, counter)"
+    return f"{_secs(deadline)}, then {how}"
+
+
+def _quarantined(config: Config) -> str:
+    """What stallguard does about a quarantine past its deadline."""
+    if config.mode == "off":
+        return "not guarded"
+    return (
+        f"{_secs(config.quarantined)}, then escalated (ERROR, span, gauge); never freed on a timer"
+    )

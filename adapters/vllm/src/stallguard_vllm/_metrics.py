@@ -63,7 +63,9 @@ __all__ = [
     "StallguardNixlPromMetrics",
     "StallguardNixlStats",
     "StallguardSeries",
+    "add_to_data",
     "add_to_histogram",
+    "exported_counts",
     "stats_with_counts",
 ]
 
@@ -124,23 +126,37 @@ def stats_with_counts(
     as counters) appended as ``[phase, reason]`` entries, the *quarantine* snapshot (see
     :meth:`PhaseTracker.take_quarantine`) and the time-in-state export *stays*
     (:meth:`PhaseTracker.take_stays`); None when there is nothing to report."""
-    exported = {k: n for k, n in (counts or {}).items() if k[0] in _KEYS}
-    if (
-        not exported
-        and quarantine is None
-        and stays is None
-        and (stats is None or isinstance(stats, StallguardNixlStats))
-    ):
+    exported = exported_counts(counts)
+    news = bool(exported) or quarantine is not None or stays is not None
+    if not news and (stats is None or isinstance(stats, StallguardNixlStats)):
         return stats
     out = StallguardNixlStats(data=dict(stats.data)) if stats is not None else StallguardNixlStats()
+    add_to_data(out.data, exported, quarantine, stays)
+    return out
+
+
+def exported_counts(
+    counts: _Counter[tuple[str, str, str]] | None,
+) -> dict[tuple[str, str, str], int]:
+    """The counts of *counts* exported as counters: forced and reported expiries."""
+    return {k: n for k, n in (counts or {}).items() if k[0] in _KEYS}
+
+
+def add_to_data(
+    data: dict[str, Any],
+    exported: dict[tuple[str, str, str], int],
+    quarantine: list[list[Any]] | None,
+    stays: list[list[Any]] | None,
+) -> None:
+    """Add to a stats' *data* the *exported* counts (``[phase, reason]`` entries, one
+    per expiry), the *quarantine* snapshot and the time-in-state export *stays*."""
     for (kind, phase, *rest), n in exported.items():
         reason = rest[0] if rest else "state"
-        out.data[_KEYS[kind]].extend([[phase, reason]] * n)
+        data.setdefault(_KEYS[kind], []).extend([[phase, reason]] * n)
     if quarantine is not None:
-        out.data.setdefault(_QUARANTINE, []).append(quarantine)
+        data.setdefault(_QUARANTINE, []).append(quarantine)
     if stays is not None:
-        out.data.setdefault(_STAYS, []).append(stays)
-    return out
+        data.setdefault(_STAYS, []).append(stays)
 
 
 def _entry(value: Any) -> tuple[str, str]:
@@ -232,16 +248,22 @@ class StallguardSeries:
             self._observe_stays(labels, export)
         snapshots = data.get(_QUARANTINE)
         if snapshots:
-            now: dict[str, tuple[int, int, int]] = {
-                str(r[0]): (int(r[2]), int(r[3]), int(r[4])) for r in snapshots[-1]
-            }
-            before = self.peers.get(engine_idx, set())
-            for peer in before - set(now):
-                now[peer] = (0, 0, 0)
-            for peer, values in now.items():
-                for gauge, value in zip(self.gauges, values, strict=True):
-                    gauge.labels(*labels, peer).set(value)
-            self.peers[engine_idx] = {p for p, v in now.items() if any(v)}
+            self._observe_quarantine(labels, snapshots[-1], engine_idx)
+
+    def _observe_quarantine(self, labels: list[str], rows: list[Any], engine_idx: int) -> None:
+        """Set the quarantine gauges of engine *engine_idx* from its current snapshot
+        (``[peer, holds, blocks, bytes, overdue]`` rows); a peer gone from it is set to
+        zero."""
+        now: dict[str, tuple[int, int, int]] = {
+            str(r[0]): (int(r[2]), int(r[3]), int(r[4])) for r in rows
+        }
+        before = self.peers.get(engine_idx, set())
+        for peer in before - set(now):
+            now[peer] = (0, 0, 0)
+        for peer, values in now.items():
+            for gauge, value in zip(self.gauges, values, strict=True):
+                gauge.labels(*labels, peer).set(value)
+        self.peers[engine_idx] = {p for p, v in now.items() if any(v)}
 
     def _observe_stays(self, labels: list[str], rows: list[list[Any]]) -> None:
         """Add one time-in-state export (``[phase, counts, seconds, deadline, oldest]``

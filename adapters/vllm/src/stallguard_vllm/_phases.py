@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallguard import Hold, Quarantine, Spec, Watchdog
+from stallguard import Expiry, Hold, Quarantine, Spec, StateStatistics, Watchdog
 from stallguard.adapters import BOUNDS, LADDER, expiries_since
 
 from ._config import Config
@@ -264,17 +264,26 @@ class PhaseTracker:
         two clock reads and two comparisons."""
         if now is None:
             now = self.clock()
+        self._check_reported(now)
+        expiries = self.transfers.check(now)
+        if not expiries:
+            return _NO_ORDERS
+        self._expired = True
+        return self._orders(expiries) if self.enforce else _NO_ORDERS
+
+    def _check_reported(self, now: float) -> None:
+        """The checks whose expiries are only reported: the queue, the quarantine
+        (counting its overdue holds), the report-only prefill holds."""
         if self.queue.check(now):
             self._expired = True
         self._overdue += len(self.quarantine.check(now))
         if self.holds is not None and self.holds.check(now):
             self._expired = True
-        expiries = self.transfers.check(now)
-        if not expiries:
-            return _NO_ORDERS
-        self._expired = True
-        if not self.enforce:
-            return _NO_ORDERS
+
+    def _orders(self, expiries: list[Expiry[str]]) -> Orders:
+        """What the connector must do about the transfers' *expiries* (enforce): fail
+        the overdue receives (their blocks quarantined), quarantine the overdue aborted
+        ones, release the overdue prefill holds."""
         fail: set[str] = set()
         release: set[str] = set()
         for expiry in expiries:
@@ -343,15 +352,21 @@ class PhaseTracker:
                 label: summary.oldest_age or 0.0
                 for label, summary in wd.snapshot(requests=False, now=now).states.items()
             }
-            for label, st in wd.statistics().states.items():
-                dist = st.distribution
-                fine = dist.counts
-                counts = [sum(fine[a:b]) for a, b in _SLICES]
-                sent, total = self._stays_sent.get(label, ([0] * len(counts), 0.0))
-                delta = [c - b for c, b in zip(counts, sent, strict=True)]
-                self._stays_sent[label] = (counts, dist.total)
-                rows.append([label, delta, dist.total - total, st.deadline, ages.get(label, 0.0)])
+            rows += [
+                self._stays_row(label, st, ages.get(label, 0.0))
+                for label, st in wd.statistics().states.items()
+            ]
         return rows
+
+    def _stays_row(self, label: str, st: StateStatistics, oldest: float) -> list[Any]:
+        """Phase *label*'s row of :meth:`take_stays` (its stays since the last export)."""
+        dist = st.distribution
+        fine = dist.counts
+        counts = [sum(fine[a:b]) for a, b in _SLICES]
+        sent, total = self._stays_sent.get(label, ([0] * len(counts), 0.0))
+        delta = [c - b for c, b in zip(counts, sent, strict=True)]
+        self._stays_sent[label] = (counts, dist.total)
+        return [label, delta, dist.total - total, st.deadline, oldest]
 
     def take_quarantine(self) -> list[list[Any]] | None:
         """The quarantine per peer, ``[[peer, holds, blocks, bytes, overdue], ...]``, if

@@ -19,7 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
-from ._metrics import _KEYS, _QUARANTINE, _STAYS, StallguardSeries
+from ._metrics import _KEYS, _QUARANTINE, _STAYS, StallguardSeries, add_to_data, exported_counts
 
 __all__ = ["INNER_CLASS", "INNER_DATA", "StallguardPromMetrics", "StallguardStats"]
 
@@ -110,23 +110,21 @@ def stats_with_counts(
     *counts* (``(kind, phase, reason) -> n``; kinds other than forced/reported are not
     exported) as ``[phase, reason]`` entries, the *quarantine* snapshot and the
     time-in-state export *stays*; None when there is nothing to report."""
-    exported = {k: n for k, n in (counts or {}).items() if k[0] in _KEYS}
+    exported = exported_counts(counts)
     if not exported and quarantine is None and stays is None and stats is None:
         return None
-    if isinstance(stats, StallguardStats):
-        out = stats
-    else:
-        out = StallguardStats()
-        if stats is not None:
-            out.data[INNER_DATA] = stats.data
-            out.data[INNER_CLASS] = f"{inner_cls.__module__}:{inner_cls.__qualname__}"
-    for (kind, phase, *rest), n in exported.items():
-        reason = rest[0] if rest else "state"
-        out.data.setdefault(_KEYS[kind], []).extend([[phase, reason]] * n)
-    if quarantine is not None:
-        out.data.setdefault(_QUARANTINE, []).append(quarantine)
-    if stays is not None:
-        out.data.setdefault(_STAYS, []).append(stays)
+    out = stats if isinstance(stats, StallguardStats) else _wrapped(stats, inner_cls)
+    add_to_data(out.data, exported, quarantine, stays)
+    return out
+
+
+def _wrapped(stats: KVConnectorStats | None, inner_cls: type) -> StallguardStats:
+    """New :class:`StallguardStats` carrying the inner connector's *stats* (if any) and
+    its class."""
+    out = StallguardStats()
+    if stats is not None:
+        out.data[INNER_DATA] = stats.data
+        out.data[INNER_CLASS] = f"{inner_cls.__module__}:{inner_cls.__qualname__}"
     return out
 
 

@@ -109,18 +109,26 @@ def _read(args: argparse.Namespace) -> str:
             end=time.time(),
         )
     if args.url is not None:
-        try:
-            with urllib.request.urlopen(args.url, timeout=10) as response:
-                return str(response.read().decode("utf-8"))
-        except (OSError, ValueError, http.client.HTTPException) as e:
-            raise ValueError(
-                f"--url {args.url!r}: cannot scrape it: {describe_exception(e)}"
-            ) from None
+        return _scrape(args.url)
+    return _read_file(args.file)
+
+
+def _scrape(url: str) -> str:
+    """The exposition at the ``/metrics`` *url*."""
     try:
-        with open(args.file, encoding="utf-8") as f:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode("utf-8"))
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        raise ValueError(f"--url {url!r}: cannot scrape it: {describe_exception(e)}") from None
+
+
+def _read_file(file: str) -> str:
+    """The saved exposition *file*."""
+    try:
+        with open(file, encoding="utf-8") as f:
             return f.read()
     except (OSError, ValueError) as e:
-        raise ValueError(f"--file {args.file!r}: cannot read it: {describe_exception(e)}") from None
+        raise ValueError(f"--file {file!r}: cannot read it: {describe_exception(e)}") from None
 
 
 #: The advise command's description (plain text, for ``--help``).
@@ -257,12 +265,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for model, a in advice.items():
         if not args.toml:
-            print(f"== model {model or '(no model_name)'} (engines and pods summed)")
-            print(a.table())
-            print()
-            print("# paste into the file STALLGUARD_VLLM_CONFIG names:")
+            _print_table(model, a)
         print(toml_block(a))
     return 0
+
+
+def _print_table(model: str, advice: Advice) -> None:
+    """*model*'s advice table, and the line introducing its TOML block."""
+    print(f"== model {model or '(no model_name)'} (engines and pods summed)")
+    print(advice.table())
+    print()
+    print("# paste into the file STALLGUARD_VLLM_CONFIG names:")
 
 
 if __name__ == "__main__":

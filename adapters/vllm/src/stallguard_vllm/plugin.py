@@ -24,7 +24,7 @@ import logging
 from stallguard import ConfigError
 from stallguard.adapters import describe_exception
 
-from ._config import ENV_CONFIG, load_config
+from ._config import ENV_CONFIG, Config, load_config
 
 __all__ = ["CONNECTORS", "register"]
 
@@ -46,19 +46,7 @@ def register() -> None:
             the key and the value (and for any other exception while loading it); vLLM
             lets it stop the engine.
     """
-    try:
-        config = load_config()
-    except ConfigError as e:
-        message = f"stallguard-vllm: invalid configuration, refusing to start: {e}"
-        log.error("%s", message)
-        raise ConfigError(message) from None
-    except Exception as e:  # not a documented error: still the one named error
-        message = (
-            f"stallguard-vllm: cannot load the configuration, refusing to start: "
-            f"{describe_exception(e)}"
-        )
-        log.error("%s", message)
-        raise ConfigError(message) from e
+    config = _load_or_refuse()
     try:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     except ImportError:  # not a vLLM process after all
@@ -72,3 +60,21 @@ def register() -> None:
             config.source,
             ENV_CONFIG,
         )
+
+
+def _load_or_refuse() -> Config | None:
+    """:func:`load_config`, every failure logged and raised as one
+    :class:`~stallguard.ConfigError` saying the engine refuses to start."""
+    try:
+        return load_config()
+    except ConfigError as e:
+        message = f"stallguard-vllm: invalid configuration, refusing to start: {e}"
+        log.error("%s", message)
+        raise ConfigError(message) from None
+    except Exception as e:  # not a documented error: still the one named error
+        message = (
+            f"stallguard-vllm: cannot load the configuration, refusing to start: "
+            f"{describe_exception(e)}"
+        )
+        log.error("%s", message)
+        raise ConfigError(message) from e
