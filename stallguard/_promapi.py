@@ -34,6 +34,8 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ._adapters import describe_exception
+
 __all__ = ["PrometheusAPIError", "exposition_from_prometheus", "parse_window"]
 
 #: Points Prometheus returns per series at most (its query_range limit is 11,000).
@@ -276,3 +278,30 @@ def _line(series: Any, base: str, names: Sequence[str], born_after: float) -> st
     if _is_counter(name):
         value = growth(points, born=points[0][0] > born_after)
     return f"{name}{{{_label_text(labels)}}} {_number(value)}"
+
+
+def scrape_exposition(url: str, *, what: str = "--url", timeout: float = 10.0) -> str:
+    """The text exposition a ``/metrics`` *url* serves; a :class:`ValueError` naming
+    *what* and the URL if it cannot be read or is not UTF-8."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return str(response.read().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {url!r}: the response is not UTF-8 text ({e})") from None
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        raise ValueError(f"{what} {url!r}: cannot scrape it: {describe_exception(e)}") from None
+
+
+def read_exposition_file(path: str, *, what: str = "--file") -> str:
+    """A saved text exposition; a :class:`ValueError` naming *what* and the path if it
+    cannot be read or is not UTF-8 (the byte and its offset named)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{what} {path!r}: not UTF-8 text: byte {e.object[e.start]:#04x} at offset "
+            f"{e.start} cannot be decoded (a Prometheus exposition is UTF-8)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what} {path!r}: cannot read it: {describe_exception(e)}") from None

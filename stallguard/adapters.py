@@ -21,9 +21,11 @@ specifier and its check), :func:`versions_line`, :func:`version_action`,
 Time in state on Prometheus: :data:`BOUNDS` and :data:`LADDER` (the statistics bucket
 layout), :func:`histogram_buckets`, :class:`StatisticsExporter` (with the core's counts
 of forced and reported expiries by state and reason), :func:`expiries_since` (those
-counts for an adapter that ships them elsewhere), and :func:`read_prometheus` (samples
-of a text exposition); :func:`toml_number` (a suggested
-deadline as a TOML value, as :meth:`stallguard.Advice.toml_lines` writes them).
+counts for an adapter that ships them elsewhere), :func:`read_prometheus` (samples
+of a text exposition), :func:`scrape_exposition` and :func:`read_exposition_file` (an
+exposition from a ``/metrics`` URL or a saved file, for an ``advise`` command);
+:func:`toml_number` (a suggested deadline as a TOML value, as
+:meth:`stallguard.Advice.toml_lines` writes them).
 
 Nothing here imports an engine, prometheus_client or (until a check runs) packaging.
 """
@@ -84,6 +86,30 @@ def exposition_from_prometheus(
     return read(base, names, window=window, end=end, step=step, timeout=timeout)
 
 
+def scrape_exposition(url: str, *, what: str = "--url", timeout: float = 10.0) -> str:
+    """The text exposition a ``/metrics`` *url* serves (what ``advise --url`` reads).
+
+    Raises:
+        ValueError: it cannot be read or is not UTF-8 (the message names *what*, the
+            option that gave the URL, and the URL).
+    """
+    from ._promapi import scrape_exposition as scrape  # urllib only when used
+
+    return scrape(url, what=what, timeout=timeout)
+
+
+def read_exposition_file(path: str, *, what: str = "--file") -> str:
+    """A saved text exposition (what ``advise --file`` reads).
+
+    Raises:
+        ValueError: it cannot be read or is not UTF-8 (the message names *what*, the
+            path, and for bad UTF-8 the byte and its offset).
+    """
+    from ._promapi import read_exposition_file as read
+
+    return read(path, what=what)
+
+
 def parse_window(text: str, what: str = "--window") -> float:
     """Seconds in a Prometheus duration (``90s``, ``15m``, ``7d``, ``1w``); a
     :class:`ValueError` naming *what* and the text otherwise."""
@@ -115,10 +141,12 @@ __all__ = [
     "parse_window",
     "printable",
     "read_config",
+    "read_exposition_file",
     "read_prometheus",
     "read_toml",
     "release_of",
     "run_console",
+    "scrape_exposition",
     "seconds_arg",
     "shorten",
     "toml_number",

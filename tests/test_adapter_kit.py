@@ -259,3 +259,77 @@ def test_exporter_sets_deadlines_oldest_ages_and_completed_once_each() -> None:
     assert get("k2_completed_total", {"lane": "l1", "state": "A"}) == 1
     assert get("k2_s_count", {"lane": "l1", "state": "A"}) == 2
     assert get("k2_s_sum", {"lane": "l1", "state": "A"}) == pytest.approx(2.75 + 1.5)
+
+
+# ---------------------------------------------------------------- exposition readers
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=64))
+def test_read_exposition_file_returns_the_text_or_names_the_file(tmp_path_factory, data):
+    """Any bytes: the UTF-8 text, or one ValueError naming the option and the path (and,
+    for bad UTF-8, the byte and its offset); never another exception."""
+    from stallguard.adapters import read_exposition_file
+
+    path = tmp_path_factory.mktemp("expo") / "metrics.txt"
+    path.write_bytes(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        with pytest.raises(ValueError, match="--file '.*metrics.txt': not UTF-8 text") as info:
+            read_exposition_file(str(path))
+        assert f"offset {e.start}" in str(info.value)
+        assert f"{data[e.start]:#04x}" in str(info.value)
+    else:
+        assert read_exposition_file(str(path)).replace("\r\n", "\n") == text.replace(
+            "\r\n", "\n"
+        ).replace("\r", "\n")
+
+
+def test_read_exposition_file_missing_names_the_option_given(tmp_path):
+    from stallguard.adapters import read_exposition_file
+
+    with pytest.raises(ValueError, match=r"^--saved '.*nope': cannot read it: "):
+        read_exposition_file(str(tmp_path / "nope"), what="--saved")
+    with pytest.raises(ValueError, match="cannot read it"):
+        read_exposition_file(str(tmp_path))  # a directory
+
+
+def test_scrape_exposition_reads_a_metrics_page_and_names_the_url_when_it_cannot():
+    import http.server
+    import socket
+    import threading
+
+    from stallguard.adapters import scrape_exposition
+
+    pages = {"/metrics": b"x_total 1\n", "/bad": b"x_total \xff\n"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"no")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert scrape_exposition(base + "/metrics") == "x_total 1\n"
+        with pytest.raises(ValueError, match=r"^--url '.*/bad': the response is not UTF-8"):
+            scrape_exposition(base + "/bad")
+        with pytest.raises(ValueError, match=r"^--url '.*/gone': cannot scrape it: .*404"):
+            scrape_exposition(base + "/gone")
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    with pytest.raises(ValueError, match=r"^--scrape 'http://127.0.0.1:\d+/m': cannot scrape"):
+        scrape_exposition(f"http://127.0.0.1:{closed}/m", what="--scrape", timeout=5)
+    with pytest.raises(ValueError, match="cannot scrape it"):
+        scrape_exposition("not a url")

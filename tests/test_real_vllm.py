@@ -50,7 +50,7 @@ def _environment_problem() -> str | None:
 
 if os.environ.get(OPT_IN) != "1":
     PROBLEM: str | None = (
-        f"opt-in: set {OPT_IN}=1 (two real vllm serve pairs take 6-8.5 minutes, over the "
+        f"opt-in: set {OPT_IN}=1 (two real vllm serve pairs take 4.5-8.5 minutes, over the "
         "suite's budget; docs/vllm.md)"
     )
 else:

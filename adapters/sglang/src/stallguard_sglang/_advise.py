@@ -14,11 +14,9 @@ prints a table per backend and a TOML block for ``STALLGUARD_SGLANG_CONFIG``
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 
 import stallguard
@@ -29,7 +27,9 @@ from stallguard.adapters import (
     exposition_from_prometheus,
     one_line,
     parse_window,
+    read_exposition_file,
     read_prometheus,
+    scrape_exposition,
     toml_number,
 )
 
@@ -86,37 +86,12 @@ def read_source(
             end=time.time() if end is None else end,
         )
     if url is not None:
-        return _scrape(url)
+        return scrape_exposition(url)
     if file is not None:
-        return _read_file(file)
+        return read_exposition_file(file)
     if multiproc_dir is not None:
         return _collect(multiproc_dir)
     raise ValueError("give one of --prometheus, --url, --file or --multiproc-dir")
-
-
-def _scrape(url: str) -> str:
-    """The exposition at the ``/metrics`` *url*."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--url {url!r}: the response is not UTF-8 text ({e})") from None
-    except (OSError, ValueError, http.client.HTTPException) as e:
-        raise ValueError(f"--url {url!r}: cannot scrape it: {describe_exception(e)}") from None
-
-
-def _read_file(file: str) -> str:
-    """The saved exposition *file*."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"--file {file!r}: not UTF-8 text: byte {e.object[e.start]:#04x} at offset "
-            f"{e.start} cannot be decoded (a Prometheus exposition is UTF-8)"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--file {file!r}: cannot read it: {describe_exception(e)}") from None
 
 
 def _collect(multiproc_dir: str) -> str:

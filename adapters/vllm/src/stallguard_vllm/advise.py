@@ -18,10 +18,8 @@ stderr).
 from __future__ import annotations
 
 import argparse
-import http.client
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 
 import stallguard
@@ -33,8 +31,10 @@ from stallguard.adapters import (
     one_line,
     parse_window,
     printable,
+    read_exposition_file,
     read_prometheus,
     run_console,
+    scrape_exposition,
     shorten,
 )
 
@@ -109,26 +109,8 @@ def _read(args: argparse.Namespace) -> str:
             end=time.time(),
         )
     if args.url is not None:
-        return _scrape(args.url)
-    return _read_file(args.file)
-
-
-def _scrape(url: str) -> str:
-    """The exposition at the ``/metrics`` *url*."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return str(response.read().decode("utf-8"))
-    except (OSError, ValueError, http.client.HTTPException) as e:
-        raise ValueError(f"--url {url!r}: cannot scrape it: {describe_exception(e)}") from None
-
-
-def _read_file(file: str) -> str:
-    """The saved exposition *file*."""
-    try:
-        with open(file, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--file {file!r}: cannot read it: {describe_exception(e)}") from None
+        return scrape_exposition(args.url)
+    return read_exposition_file(args.file)
 
 
 #: The advise command's description (plain text, for ``--help``).
