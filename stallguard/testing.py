@@ -3,20 +3,25 @@
 * :class:`FakeClock`: a clock you move by hand; pass it as ``Watchdog(clock=...)``.
 * :func:`record_expiries`: a context manager that collects every expiry, in place of
   the process-wide instrumentation hooks.
+* :func:`stop_and_wait`, :func:`threads_stopped`: freeze a peer process (the fault
+  stallguard exists for) and know that the freeze took effect (Linux).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from ._details import Expiry
 from .instrumentation import _hooks, get_on_expire_hooks, set_on_expire_hooks
 
-__all__ = ["FakeClock", "record_expiries"]
+__all__ = ["FakeClock", "record_expiries", "stop_and_wait", "threads_stopped"]
 
 
 class FakeClock:
@@ -95,3 +100,36 @@ def record_expiries(*, keep_hooks: bool = False) -> Iterator[list[Expiry[Any]]]:
         yield seen
     finally:
         set_on_expire_hooks(previous)
+
+
+def threads_stopped(pid: int) -> bool:
+    """Whether every thread of process *pid* is stopped (state ``T`` or ``t`` in
+    ``/proc/PID/task/*/stat``; a thread that exited or is a zombie counts as stopped).
+    Linux only: :class:`OSError` if *pid* has no ``/proc`` entry."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # the thread just exited
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
+def stop_and_wait(pid: int, timeout: float = 10.0) -> float:
+    """SIGSTOP process *pid* and return once every thread of it is stopped; returns the
+    seconds that took. ``kill`` returns when the signal is queued, and a stop takes
+    effect thread by thread: a transfer thread running on another core goes on for a
+    moment, long enough to finish a small transfer the test meant to catch in flight.
+
+    Raises:
+        TimeoutError: the process did not stop within *timeout* seconds.
+    """
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    while not threads_stopped(pid):
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"process {pid} did not stop within {timeout} s")
+        time.sleep(0.001)
+    return time.monotonic() - t0

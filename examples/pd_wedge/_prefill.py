@@ -38,7 +38,9 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.plugins import load_plugins
 
-from . import _kv, _procs, _rpc
+from stallguard.testing import stop_and_wait
+
+from . import _kv, _rpc
 
 STATE_NAMES = {
     KVPoll.Failed: "Failed",
@@ -198,7 +200,7 @@ class MiniPrefillScheduler(SchedulerDisaggregationPrefillMixin):
             # write raced with the transfer thread: at CI on 2026-12-02 a small write
             # finished before the SIGSTOP took effect in 2 runs of 4, and no room stayed
             # in Transferring / WaitingForInput.)
-            _procs.stop_and_wait(self.freeze_after_send[1])
+            stop_and_wait(self.freeze_after_send[1])
             self.freeze_after_send = None
         req.disagg_kv_sender.send(req.kv_pages)
 

@@ -25,31 +25,6 @@ from pathlib import Path
 
 from ._rpc import Endpoint, WorkerError
 
-
-def thread_states(pid: int) -> list[str]:
-    """The kernel scheduling state of every thread of *pid* ('T': stopped)."""
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                out.append(f.read().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            pass
-    return out
-
-
-def stop_and_wait(pid: int, timeout: float = 10.0) -> None:
-    """SIGSTOP *pid* and return once every thread of it is stopped (``kill`` returns
-    when the signal is queued; a thread running on the other core goes on for a moment,
-    which is enough for a small transfer to finish)."""
-    os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    while not all(s in "Tt" for s in thread_states(pid)):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"process {pid} did not stop within {timeout} s")
-        time.sleep(0.001)
-
-
 PRELOAD = [
     "sglang.srt.disaggregation.prefill",
     "sglang.srt.disaggregation.decode",

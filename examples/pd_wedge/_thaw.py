@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from stallguard.testing import stop_and_wait
+
 from . import _procs
 from ._config import Profile, write_stallguard_config
 from ._driver import ARMS, HarnessError
@@ -185,7 +187,7 @@ def run_decode(conn: Connection, spec: dict) -> None:
 
     def freeze() -> None:
         """SIGSTOP the prefill now (the victim's first bytes have landed)."""
-        _procs.stop_and_wait(r["pid"])
+        stop_and_wait(r["pid"])
         r["t_frozen"] = time.monotonic()
         r["landed"] = room_bytes(r["room"], r["pages"])
         if r["landed"] >= WRITE_BYTES or r["rid"] in side.done:

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.real_servers._servers import Proc, free_ports, http, parse_series, spawn
+from stallguard.testing import threads_stopped
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllmcpu"
@@ -262,11 +263,9 @@ def all_stopped(pgid: int) -> bool:
     """Every thread of every process of the group in state T (a SIGSTOP takes effect
     thread by thread; NIXL's progress thread could still serve a READ otherwise)."""
     for pid in group_pids(pgid):
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            with suppress(OSError, IndexError):
-                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state not in ("T", "t", "Z", "X"):
-                    return False
+        with suppress(OSError):  # the process just exited
+            if not threads_stopped(pid):
+                return False
     return True
 
 

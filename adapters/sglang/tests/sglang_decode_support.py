@@ -36,6 +36,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from stallguard.testing import stop_and_wait
+
 _EXAMPLES = str(Path(__file__).resolve().parents[3] / "examples")
 if _EXAMPLES not in sys.path:
     sys.path.append(_EXAMPLES)
@@ -55,18 +57,6 @@ from pd_wedge._decode_queues import (  # noqa: E402
     make_request,
     metadata_buffers,
 )
-
-
-def _thread_states(pid: int) -> list[str]:
-    """The state letter of each thread of *pid* (``T``: stopped)."""
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                out.append(f.read().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            pass
-    return out
 
 
 def free_port() -> int:
@@ -213,9 +203,7 @@ class PrefillPeer:
         """SIGSTOP the prefill process and wait until every one of its threads is
         stopped (its transfer workers and engine threads with it)."""
         assert self.pid is not None
-        os.kill(self.pid, signal.SIGSTOP)
-        if not wait_until(lambda: all(s in "Tt" for s in _thread_states(self.pid)), timeout, 0.002):
-            raise TimeoutError(f"prefill {self.pid} did not stop within {timeout} s")
+        stop_and_wait(self.pid, timeout)
 
     def thaw(self) -> None:
         assert self.pid is not None

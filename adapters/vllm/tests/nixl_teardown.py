@@ -21,21 +21,12 @@ import sys
 import time
 from typing import Any
 
+from stallguard.testing import stop_and_wait
+
 os.environ.setdefault("UCX_TLS", "tcp,self")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 N = 1 << 22  # float32 elements: 16 MiB
 SENTINEL = -7.0
-
-
-def _states(pid: int) -> list[str]:
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                out.append(f.read().rsplit(")", 1)[1].split()[0])
-        except OSError:
-            pass
-    return out
 
 
 def _prefill(qm: Any, qd: Any, ev: Any) -> None:
@@ -85,12 +76,7 @@ def main() -> None:
         out["warm_read_ok"] = bool((dst == torch.arange(N, dtype=torch.float32) + 1.0).all())
         D.release_xfer_handle(h)
         dst.zero_()
-        os.kill(p.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        while not all(s in ("T", "t") for s in _states(p.pid)):
-            if time.monotonic() - t0 > 10:
-                raise RuntimeError("P did not stop")
-            time.sleep(0.005)
+        stop_and_wait(p.pid)
         h = D.initialize_xfer("READ", D.get_xfer_descs(dst), remote, "P", b"late")
         D.transfer(h)
         time.sleep(1.0)

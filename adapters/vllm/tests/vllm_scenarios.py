@@ -25,6 +25,8 @@ import time
 import traceback
 from typing import Any
 
+from stallguard.testing import stop_and_wait
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SG_MODULE = "stallguard_vllm.connector"
 SG_KEYS = ("stallguard_forced", "stallguard_reported", "stallguard_quarantine")
@@ -201,18 +203,6 @@ def prefill_process(inq: Any, outq: Any, port: int) -> None:
         time.sleep(0.02)
 
 
-def _thread_states(pid: int) -> list[str]:
-    """The scheduler state letter of every thread of *pid* (``/proc/PID/task/*/stat``)."""
-    states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except OSError:  # the thread just exited
-            continue
-    return states
-
-
 class Prefill:
     """The prefill child process."""
 
@@ -240,13 +230,8 @@ class Prefill:
         """SIGSTOP, then wait until every thread of the process is stopped: a group
         stop takes effect thread by thread, and on a loaded machine the NIXL/UCX
         progress threads could otherwise still serve a READ issued right after."""
-        os.kill(self.proc.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if all(state in ("T", "t") for state in _thread_states(self.proc.pid)):
-                return
-            time.sleep(0.005)
-        raise RuntimeError(f"prefill process {self.proc.pid} did not stop within 10 s")
+        assert self.proc.pid is not None
+        stop_and_wait(self.proc.pid)
 
     def thaw(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
