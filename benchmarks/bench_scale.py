@@ -29,8 +29,11 @@ the same work:
   thread's CPU time, ``time.thread_time_ns``, which leaves out the time the process
   waits for a core on a shared machine; transitions' timer threads are other threads,
   so their own CPU is not in its figures), less the timer's own cost (calibrated at the
-  start and printed). Per-operation figures are a batch's phase time over its
-  operations, median over batches. The garbage collector is off while batches run and
+  start and printed). Every figure is a **mean** over the timed series (its time over
+  its operations: periodic work, a FIFO compaction, a bulk admission, an asyncio heap
+  rebuild, is in it; the median batch's iteration is printed beside the mean, and
+  every arm runs ``--min-iterations`` iterations at least, 8 by default: every request
+  changes state twice). The garbage collector is off while batches run and
   each batch is charged the collections its own allocations cause
   (bench_engine.charged); they are in the iteration figure and printed on their own,
   not in the per-operation ones.
@@ -43,9 +46,12 @@ the same work:
   request after the warm-up iterations that precede the timing (warmup_iterations()).
 
 transitions' ``Timeout`` starts an OS thread per state entry: it runs only up to
-``--transitions-cap`` tracked (default 1,000); asyncio up to ``--asyncio-cap`` (default
-10^6). Fewer batches run at 10^6 (``--min-rounds-large``). ``--quick`` is a smoke test,
-not a measurement.
+``--transitions-cap`` tracked (default 1,000); asyncio, whose iteration at 10^5 already
+takes 0.4-1.4 s of CPU and whose warm-up under tracemalloc several times that, up to
+``--asyncio-cap`` (default 10^5). Above ``--traced-max`` (10^5) the warm-up runs
+without tracemalloc (the memory after it is not measured; the other memory figures
+are). At 10^6, 3 timed iterations at churn 100 % (``--min-iterations-large``).
+``--quick`` is a smoke test, not a measurement.
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ import stallguard as sg  # noqa: E402
 from stallguard.instrumentation import set_on_expire_hooks  # noqa: E402
 
 FIRST, DONE = bc.LIVE[0], bc.TERMINAL[0]
-PHASES = ("departure", "admission", "state change", "check")
+PHASES = ("departure", "admission", "state change", "check")  # (an iteration's order)
+ORDER = ("state change", "admission", "departure", "check")  # (the table's)
 
 
 # ---------------------------------------------------------------------------- the arms
@@ -172,8 +179,10 @@ class Churn:
         self.out = 0  # next slot to finish
         self.move = 0  # next slot to change state
         self.made = n  # keys made so far (the next new key's index)
-        self.sums = [0, 0, 0, 0]  # per phase, this batch: ns
-        self.samples: dict[str, list[float]] = {p: [] for p in PHASES}
+        self.spent = [0, 0, 0, 0]  # per phase, over the timed series: ns
+        self.ops = [0, 0, 0, 0]  # per phase, over the timed series: operations
+        self.iterations = 0  # timed
+        self.batches: list[float] = []  # per batch: ns per iteration
 
     def fill(self, keys: list[int]) -> None:
         observe = self.observe
@@ -190,7 +199,8 @@ class Churn:
 
     def iterate(self, new: list[int], overhead: int) -> int:
         """One iteration admitting *new* (self.turnover keys): adds each phase's time
-        (less the timer's *overhead*) to self.sums; returns the iteration's time."""
+        (less the timer's *overhead*) and operations to self.spent and self.ops;
+        returns the iteration's time."""
         pc = bc.pc
         observe, slots, phase, n = self.observe, self.slots, self.phase, self.n
         self.clock.now += 1.0
@@ -223,30 +233,27 @@ class Churn:
         if self.kind.expired(self.arm, out):
             raise RuntimeError(f"{self.kind.name}: a request expired; nothing should")
         spent = [t1 - t0, t2 - t1, t4 - t3, t5 - t4]
-        ran = (bool(new), bool(new), bool(moves), self.check is not None)
+        done = (len(new), len(new), len(moves), int(self.check is not None))
         total = 0
-        for p, (dt, did) in enumerate(zip(spent, ran, strict=True)):
-            if did:
+        for p, (dt, count) in enumerate(zip(spent, done, strict=True)):
+            if count:
                 dt -= overhead
-                self.sums[p] += dt
+                self.spent[p] += dt
+                self.ops[p] += count
                 total += dt
+        self.iterations += 1
         return total
 
     def runner(self, overhead: int) -> Callable[[int], tuple[int, int]]:
-        """bench_engine's batch interface: run *b* iterations -> (ns, iterations), and
-        one per-operation sample per phase."""
+        """bench_engine's batch interface: run *b* iterations -> (ns, iterations)."""
 
         def run(b: int) -> tuple[int, int]:
             new = self.fresh(b)
-            self.sums = [0, 0, 0, 0]
             total = 0
             t = self.turnover
             for j in range(b):
                 total += self.iterate(new[j * t : (j + 1) * t], overhead)
-            ops = (t * b, t * b, self.moves * b, b if self.check else 0)
-            for p, (phase, count) in enumerate(zip(PHASES, ops, strict=True)):
-                if count:
-                    self.samples[phase].append(self.sums[p] / count)
+            self.batches.append(total / b)
             return total, b
 
         return run
@@ -255,7 +262,13 @@ class Churn:
         """Iterations per batch: as many as take about *batch_ns* (at least one), by
         the time of one iteration."""
         dt = self.iterate(self.fresh(1), overhead)
+        self.spent, self.ops, self.iterations = [0, 0, 0, 0], [0, 0, 0, 0], 0
         return max(1, round(batch_ns / max(dt, 1)))
+
+    def mean(self, phase: str) -> float | None:
+        """ns per operation of *phase* over the timed series (None: it had none)."""
+        p = PHASES.index(phase)
+        return self.spent[p] / self.ops[p] if self.ops[p] else None
 
     def close(self) -> None:
         self.arm.close()
@@ -344,22 +357,29 @@ def warmup_iterations(churn: float, opts: Options) -> int:
     return min(warmup, 3) if opts.quick else warmup
 
 
-def built(kind: Kind, n: int, churn: float, opts: Options) -> tuple[Churn, float]:
+def built(kind: Kind, n: int, churn: float, opts: Options) -> tuple[Churn, float | None]:
     """An arm tracking N after the warm-up iterations at *churn*, and its bytes per
-    tracked request then (tracemalloc, from the empty arm; keys not counted)."""
+    tracked request then (tracemalloc, from the empty arm; keys not counted; None
+    above opts.traced_max, where the warm-up runs untraced: tracemalloc slows it
+    several times)."""
     arm = Churn(kind, n, churn, opts.changes, opts.deadline)
     keys = bc.make_keys(n)
     warmup = warmup_iterations(churn, opts)
     new = arm.fresh(warmup)  # (made before tracemalloc starts: keys are not counted)
     if arm.check is not None:
         arm.check()
+    t = arm.turnover
+    if n > opts.traced_max:
+        arm.fill(keys)
+        for j in range(warmup):
+            arm.iterate(new[j * t : (j + 1) * t], 0)
+        return arm, None
     gc.collect()
     gc.freeze()  # (what exists already: out of the collections traced() runs, to be quick)
     tracemalloc.start()
     try:
         m0 = traced()
         arm.fill(keys)
-        t = arm.turnover
         for j in range(warmup):
             arm.iterate(new[j * t : (j + 1) * t], 0)
         m1 = traced()
@@ -378,21 +398,22 @@ class Options:
         self.changes = args.changes
         self.deadline = float(args.deadline)
         self.warmup: int | None = args.warmup
+        self.traced_max = args.traced_max
         self.budget_s = 0.02 if args.quick else args.budget
-        self.min_rounds = 2 if args.quick else args.min_rounds
-        self.min_rounds_large = 2 if args.quick else args.min_rounds_large
+        self.min_iterations = 2 if args.quick else args.min_iterations
+        self.min_iterations_large = 2 if args.quick else args.min_iterations_large
         self.max_rounds = 4 if args.quick else 200
         self.batch_ns = 5e5 if args.quick else 2e6  # a batch: iterations for about 2 ms
 
 
-def alternate(arms: dict[str, Churn], n: int, opts: Options, overhead: int) -> dict[str, float]:
+def alternate(arms: dict[str, Churn], least: int, opts: Options, overhead: int) -> dict[str, float]:
     """Batches of every arm in turn (the first arm rotating each round), collector off,
-    each batch charged its own collections; the median iteration (ns) per arm, its
-    collections included (be.GC_PER_OP then holds each arm's per iteration)."""
+    each batch charged its own collections, until every arm has run *least* iterations
+    and the time budget is spent; the mean iteration (ns) per arm, its collections
+    included (be.GC_PER_OP then holds each arm's per iteration)."""
     batch = {name: a.calibrate(opts.batch_ns, overhead) for name, a in arms.items()}
     runs = {name: be.charged(name, a.runner(overhead)) for name, a in arms.items()}
     names = list(runs)
-    least = opts.min_rounds if n < 10**6 else opts.min_rounds_large
     samples: dict[str, list[float]] = {name: [] for name in names}
     be.measure_full_collection()
     gc.disable()
@@ -400,7 +421,9 @@ def alternate(arms: dict[str, Churn], n: int, opts: Options, overhead: int) -> d
         be.SERIES_GC.clear()
         end = time.perf_counter() + opts.budget_s * len(names)
         rounds = 0
-        while rounds < opts.max_rounds and (rounds < least or time.perf_counter() < end):
+        while rounds < opts.max_rounds and (
+            min(a.iterations for a in arms.values()) < least or time.perf_counter() < end
+        ):
             for j in range(len(names)):
                 name = names[(rounds + j) % len(names)]
                 dt, done = runs[name](batch[name])
@@ -408,7 +431,17 @@ def alternate(arms: dict[str, Churn], n: int, opts: Options, overhead: int) -> d
             rounds += 1
     finally:
         gc.enable()
-    return {name: statistics.median(xs) for name, xs in be.amortized(samples).items()}
+    # (a name's batches all have its one size: the mean of them is total / iterations)
+    return {name: statistics.fmean(xs) for name, xs in be.amortized(samples).items()}
+
+
+def least_iterations(n: int, churn: float, opts: Options) -> int:
+    """Timed iterations per arm, at least: enough for every request to change state
+    twice (state FIFOs and their compactions come around); at 10^6, where an
+    iteration takes seconds, fewer when no request lives to be admitted."""
+    if n >= 10**6 and churn > 0 and 1 / churn <= opts.deadline / 2:
+        return opts.min_iterations_large
+    return opts.min_iterations
 
 
 def fmt_ns(x: float | None) -> str:
@@ -444,12 +477,23 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup", type=int, default=None, help="iterations before timing (default: see code)"
     )
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per arm and cell")
-    parser.add_argument("--min-rounds", type=int, default=5, help="batches per arm, at least")
     parser.add_argument(
-        "--min-rounds-large", type=int, default=3, help="batches per arm at 10^6, at least"
+        "--min-iterations", type=int, default=8, help="timed iterations per arm, at least"
+    )
+    parser.add_argument(
+        "--min-iterations-large",
+        type=int,
+        default=3,
+        help="the same at 10^6 when no request lives to be admitted (churn 100 %%)",
     )
     parser.add_argument("--transitions-cap", type=int, default=None, help="default 1,000")
-    parser.add_argument("--asyncio-cap", type=int, default=10**6)
+    parser.add_argument("--asyncio-cap", type=int, default=10**5)
+    parser.add_argument(
+        "--traced-max",
+        type=int,
+        default=10**5,
+        help="largest N whose warm-up runs under tracemalloc (memory after warm-up)",
+    )
     parser.add_argument(
         "--timer",
         choices=("wall", "cpu"),
@@ -483,10 +527,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| N | churn | arm | state change | admission | departure | check | iteration "
-        "| of which collections | iteration / stallguard | load |"
+        "| iteration, median batch, no collections | of which collections "
+        "| iteration / stallguard | load |"
     )
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    steady: dict[tuple[int, str, float], float] = {}
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    steady: dict[tuple[int, str, float], float | None] = {}
     details: dict[tuple[int, str], dict[str, float]] = {}
     for n in sizes:
         for kind in arm_kinds:
@@ -500,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"N={n:,} churn {pct(churn)} {kind.name}: build, warm-up")
                     arms[kind.name], steady[n, kind.name, churn] = built(kind, n, churn, opts)
             log(f"N={n:,} churn {pct(churn)}: timing")
-            iteration = alternate(arms, n, opts, overhead)
+            iteration = alternate(arms, least_iterations(n, churn, opts), opts, overhead)
             for kind in arm_kinds:
                 print_row(n, churn, kind, arms.get(kind.name), iteration)
             for arm in arms.values():
@@ -517,18 +562,14 @@ def print_row(
 ) -> None:
     head = f"| {n:,} | {pct(churn)} | {kind.name} |"
     if arm is None:
-        print(f"{head} not run (N > {kind.cap:,}) |  |  |  |  |  |  | {load()} |")
+        print(f"{head} not run (N > {kind.cap:,}) |  |  |  |  |  |  |  | {load()} |")
         return
-
-    def cell(phase: str) -> str:
-        xs = arm.samples[phase]
-        return fmt_ns(statistics.median(xs)) if xs else "—"
-
+    cells = " | ".join(fmt_ns(arm.mean(phase)) for phase in ORDER)
     ratio = iteration[kind.name] / iteration["stallguard"]
     print(
-        f"{head} {cell('state change')} | {cell('admission')} | {cell('departure')} | "
-        f"{cell('check')} | {fmt_ns(iteration[kind.name])} | "
-        f"{fmt_ns(be.GC_PER_OP[kind.name])} | {ratio:.2f} | {load()} |",
+        f"{head} {cells} | {fmt_ns(iteration[kind.name])} | "
+        f"{fmt_ns(statistics.median(arm.batches))} | {fmt_ns(be.GC_PER_OP[kind.name])} | "
+        f"{ratio:.2f} | {load()} |",
         flush=True,
     )
 
@@ -538,7 +579,7 @@ def print_memory(
     churns: list[float],
     arm_kinds: list[Kind],
     details: dict[tuple[int, str], dict[str, float]],
-    steady: dict[tuple[int, str, float], float],
+    steady: dict[tuple[int, str, float], float | None],
     opts: Options,
 ) -> None:
     print("\n## memory (tracemalloc, keys not counted)\n")
@@ -556,6 +597,8 @@ def print_memory(
                 print(f"| {n:,} | {kind.name} | not run (N > {kind.cap:,}) |{blanks}")
                 continue
             cells = " | ".join(fmt_b(steady.get((n, kind.name, c))) for c in churns)
+            if n > opts.traced_max:
+                cells = " | ".join(f"not traced (N > {opts.traced_max:,})" for c in churns)
             print(
                 f"| {n:,} | {kind.name} | {fmt_b(d['new'])} | {fmt_b(d['young change'])} | "
                 f"{fmt_b(d['admitted'])} | {fmt_b(d['change'])} | {fmt_b(d['departure'])} "

@@ -99,7 +99,7 @@ def test_bench_scale_quick_prints_every_arm_size_and_churn():
     timing, memory = out.stdout.split("## memory", 1)
     arms = ("stallguard", "naive dict", "asyncio call_at", "transitions Timeout")
     number = r"[\d,.]+ (ns|µs|ms)"
-    rows = {tuple(c[:3]): c[3:] for c in map(_cells, timing.splitlines()) if len(c) == 11}
+    rows = {tuple(c[:3]): c[3:] for c in map(_cells, timing.splitlines()) if len(c) == 12}
     for n in ("100", "200"):
         for churn in ("0 %", "1 %", "10 %", "100 %"):
             for arm in arms:
@@ -109,7 +109,8 @@ def test_bench_scale_quick_prints_every_arm_size_and_churn():
                     assert cells[0] == "not run (N > 100)", cells
                     continue
                 assert re.fullmatch(number, cells[0]), cells  # state change
-                assert re.fullmatch(number, cells[4]), cells  # iteration
+                assert re.fullmatch(number, cells[4]), cells  # iteration, mean
+                assert re.fullmatch(number, cells[5]), cells  # iteration, median batch
                 if churn != "0 %":  # admissions and departures happen
                     assert re.fullmatch(number, cells[1]) and re.fullmatch(number, cells[2])
                 if arm != "transitions Timeout":  # it has no check: its timers fire alone
