@@ -32,8 +32,8 @@ the same work:
   start and printed). Every figure is a **mean** over the timed series (its time over
   its operations: periodic work, a FIFO compaction, a bulk admission, an asyncio heap
   rebuild, is in it; the median batch's iteration is printed beside the mean, and
-  every arm runs ``--min-iterations`` iterations at least, 8 by default: every request
-  changes state twice). The garbage collector is off while batches run and
+  every arm runs ``--min-iterations`` iterations at least, by default as many as make
+  every request change state twice: 8). The garbage collector is off while batches run and
   each batch is charged the collections its own allocations cause
   (bench_engine.charged); they are in the iteration figure and printed on their own,
   not in the per-operation ones.
@@ -400,7 +400,8 @@ class Options:
         self.warmup: int | None = args.warmup
         self.traced_max = args.traced_max
         self.budget_s = 0.02 if args.quick else args.budget
-        self.min_iterations = 2 if args.quick else args.min_iterations
+        cycle = 2 * math.ceil(1 / args.changes) if args.changes > 0 else 8
+        self.min_iterations = 2 if args.quick else (args.min_iterations or cycle)
         self.min_iterations_large = 2 if args.quick else args.min_iterations_large
         self.max_rounds = 4 if args.quick else 200
         self.batch_ns = 5e5 if args.quick else 2e6  # a batch: iterations for about 2 ms
@@ -478,7 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per arm and cell")
     parser.add_argument(
-        "--min-iterations", type=int, default=8, help="timed iterations per arm, at least"
+        "--min-iterations",
+        type=int,
+        default=None,
+        help="timed iterations per arm, at least (default: every request changes state twice)",
     )
     parser.add_argument(
         "--min-iterations-large",

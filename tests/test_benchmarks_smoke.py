@@ -84,18 +84,19 @@ def test_bench_engine_quick_compares_with_the_previous_engine():
     assert re.fullmatch(r"[\d,]+ ns", rows["state change"][5]), out.stdout  # a bare dict store
 
 
+def _quick(script: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/*script* --quick, run to success."""
+    command = [sys.executable, str(ROOT / "benchmarks" / script), "--quick"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_bench_scale_quick_prints_every_arm_size_and_churn():
     """bench_scale.py (issue 25's cost that grows with the work) prints a timing row for
     every size, churn rate and arm, and a memory row for every size and arm; the
     transitions arm says where it is capped (a smoke test: no figure is judged)."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr
+    out = _quick("bench_scale.py")
     timing, memory = out.stdout.split("## memory", 1)
     arms = ("stallguard", "naive dict", "asyncio call_at", "transitions Timeout")
     number = r"[\d,.]+ (ns|µs|ms)"
