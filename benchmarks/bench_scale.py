@@ -531,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| N | churn | arm | state change | admission | departure | check | iteration "
-        "| iteration, median batch, no collections | of which collections "
+        "| iteration, median batch, no collections | of which collections (objects left "
+        "to generation 2 per iteration) "
         "| iteration / stallguard | load |"
     )
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -572,7 +573,8 @@ def print_row(
     ratio = iteration[kind.name] / iteration["stallguard"]
     print(
         f"{head} {cells} | {fmt_ns(iteration[kind.name])} | "
-        f"{fmt_ns(statistics.median(arm.batches))} | {fmt_ns(be.GC_PER_OP[kind.name])} | "
+        f"{fmt_ns(statistics.median(arm.batches))} | {fmt_ns(be.GC_PER_OP[kind.name])} "
+        f"({be.SURVIVORS_PER_OP[kind.name]:,.0f} survivors) | "
         f"{ratio:.2f} | {load()} |",
         flush=True,
     )
