@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 from ._config import _env_value, _key, _parse_toml, _show, parse_deadlines
 from ._errors import ConfigError
 from ._spec import Deadline
-from ._validate import TOO_LARGE, did_you_mean, seconds_or_problem, shorten
+from ._validate import TOO_LARGE, did_you_mean, says_none, seconds_or_problem, shorten
 
 __all__ = [
     "EnvReader",
@@ -258,7 +258,7 @@ class TableReader:
         if key not in self.table:
             return default
         value = self.table[key]
-        if none and isinstance(value, str) and value.strip().lower() == "none":
+        if none and says_none(value):
             return None
         seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
         if isinstance(seconds, str):
@@ -370,8 +370,7 @@ class EnvReader:
         """The variable's value as seconds, by the rule :meth:`TableReader.seconds`
         applies (``none`` for no deadline if *none*)."""
         value = self.values[var]
-        text = value.strip()
-        if none and text.lower() == "none":
+        if none and says_none(value):
             return None
         seconds = seconds_or_problem(_env_value(value))
         if isinstance(seconds, str):

@@ -34,7 +34,7 @@ import attrs
 from ._details import Mode, Snapshot
 from ._spec import state_label
 from ._stats import LADDER, Distribution, StateStatistics, Statistics
-from ._validate import _show
+from ._validate import _show, is_count, is_real
 
 __all__ = [
     "Advice",
@@ -245,7 +245,7 @@ def _check(name: str, value: Any, low: float, high: float, *, low_open: bool) ->
 def _real(name: str, value: Any) -> float:
     """Parameter *name*'s *value* as a float (an int beyond a float: infinite), if it is
     a number and not NaN."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         raise ValueError(f"{name} must be a number, got {_show(value)}")
     try:
         number = float(value)
@@ -355,7 +355,7 @@ def _min_samples(min_samples: int | None, rate: float) -> int:
     """The stays a suggestion needs: *min_samples*, by default ⌈10 / rate⌉."""
     if min_samples is None:
         return math.ceil(round(10 / rate, 9))
-    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+    if not is_count(min_samples, 1):
         raise ValueError(f"min_samples must be a positive int, got {_show(min_samples)}")
     return min_samples
 

@@ -33,7 +33,7 @@ import attrs
 from ._details import Expiry
 from ._errors import ConfigError
 from ._spec import Spec
-from ._validate import check_seconds
+from ._validate import check_seconds, is_count
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -392,7 +392,7 @@ def _check_hold(peer: object, units: object, nbytes: object) -> None:
     if not isinstance(peer, str):
         raise ConfigError(f"Quarantine.hold peer must be a str, got {peer!r}")
     for what, value in (("units", units), ("nbytes", nbytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_count(value):
             raise ConfigError(f"Quarantine.hold {what} must be a non-negative int, got {value!r}")
 
 
