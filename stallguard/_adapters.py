@@ -14,7 +14,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NoReturn, TypeVar
 
@@ -419,6 +419,21 @@ def version_action(text: Callable[[], str]) -> type[argparse.Action]:
             parser.exit(0)
 
     return _VersionAction
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """*rows*, the header first, as left-aligned columns two spaces apart (trailing
+    spaces trimmed), with a rule of dashes under the header: the support and coverage
+    tables an adapter logs at start-up and prints from its ``check`` command."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [_aligned(row, widths) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _aligned(cells: Sequence[str], widths: list[int]) -> str:
+    """*cells* left-aligned in columns of *widths*, two spaces apart."""
+    return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
 
 
 def one_line(text: str) -> str:

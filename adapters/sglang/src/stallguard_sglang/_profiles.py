@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stallguard import Deadline
+from stallguard.adapters import text_table
 
 from ._config import BACKENDS, DECODE_PHASES, LIVE_STATES, Config, DecodeConfig, PrefillConfig
 from .package import nixl_has_bootstrap_timeout, parse_version, sglang_version
@@ -328,16 +329,9 @@ def format_support_table(
     """The table as aligned text lines, as logged at startup (*second* names the second
     column: ``"policy"`` for :func:`decode_support_table`'s rows)."""
     header = ("queue", second, "state", f"SGLang {version or '?'} bounds it", "stallguard")
-    table = [header] + [(r.queue, r.backend, r.state, r.sglang, r.stallguard) for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    lines = [_aligned(line, widths) for line in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _aligned(cells: tuple[str, ...], widths: list[int]) -> str:
-    """*cells* left-aligned in columns of *widths*, two spaces apart."""
-    return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
+    return text_table(
+        [header, *((r.queue, r.backend, r.state, r.sglang, r.stallguard) for r in rows)]
+    )
 
 
 # --------------------------------------------------------------------------- decode
