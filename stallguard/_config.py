@@ -33,6 +33,7 @@ from ._validate import (
     did_you_mean,
     digits,
     is_count,
+    is_text,
     says_none,
     seconds_or_problem,
     shorten,
@@ -274,7 +275,7 @@ def _to_state(
 ) -> State:
     if isinstance(label, enum.Enum) and states is None:
         return label
-    if not isinstance(label, str) or not label:
+    if not is_text(label):
         raise _error(source, table, key, label, "a state must be a non-empty string")
     if states is None:
         return label

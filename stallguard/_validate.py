@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._errors import ClockError, ConfigError, UnknownStateError
 
@@ -33,6 +33,7 @@ __all__ = [
     "expire_hooks",
     "is_count",
     "is_real",
+    "is_text",
     "says_none",
     "listener_args",
     "shorten",
@@ -62,15 +63,20 @@ def did_you_mean(value: object, allowed: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def is_real(value: object) -> bool:
+def is_real(value: object) -> TypeGuard[int | float]:
     """Whether *value* is a real number as every check here means it: an int or a float,
     not a bool (``True`` is an int to Python, never a number of seconds)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def is_count(value: object, least: int = 0) -> bool:
+def is_count(value: object, least: int = 0) -> TypeGuard[int]:
     """Whether *value* is an int (not a bool) of at least *least*."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def is_text(value: object) -> TypeGuard[str]:
+    """Whether *value* is a non-empty string (a name, a label, a unit)."""
+    return isinstance(value, str) and value != ""
 
 
 def says_none(value: object) -> bool:
