@@ -14,14 +14,14 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NoReturn, TypeVar
 
 from ._config import _env_value, _key, _parse_toml, _show, parse_deadlines
 from ._errors import ConfigError
 from ._spec import Deadline
-from ._validate import TOO_LARGE, did_you_mean, seconds_or_problem, shorten
+from ._validate import TOO_LARGE, did_you_mean, says_none, seconds_or_problem, shorten
 
 __all__ = [
     "EnvReader",
@@ -258,7 +258,7 @@ class TableReader:
         if key not in self.table:
             return default
         value = self.table[key]
-        if none and isinstance(value, str) and value.strip().lower() == "none":
+        if none and says_none(value):
             return None
         seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
         if isinstance(seconds, str):
@@ -370,8 +370,7 @@ class EnvReader:
         """The variable's value as seconds, by the rule :meth:`TableReader.seconds`
         applies (``none`` for no deadline if *none*)."""
         value = self.values[var]
-        text = value.strip()
-        if none and text.lower() == "none":
+        if none and says_none(value):
             return None
         seconds = seconds_or_problem(_env_value(value))
         if isinstance(seconds, str):
@@ -420,6 +419,21 @@ def version_action(text: Callable[[], str]) -> type[argparse.Action]:
             parser.exit(0)
 
     return _VersionAction
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """*rows*, the header first, as left-aligned columns two spaces apart (trailing
+    spaces trimmed), with a rule of dashes under the header: the support and coverage
+    tables an adapter logs at start-up and prints from its ``check`` command."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [_aligned(row, widths) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _aligned(cells: Sequence[str], widths: list[int]) -> str:
+    """*cells* left-aligned in columns of *widths*, two spaces apart."""
+    return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
 
 
 def one_line(text: str) -> str:

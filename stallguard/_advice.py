@@ -34,7 +34,7 @@ import attrs
 from ._details import Mode, Snapshot
 from ._spec import state_label
 from ._stats import LADDER, Distribution, StateStatistics, Statistics
-from ._validate import _show
+from ._validate import _show, is_count, is_real
 
 __all__ = [
     "Advice",
@@ -245,7 +245,7 @@ def _check(name: str, value: Any, low: float, high: float, *, low_open: bool) ->
 def _real(name: str, value: Any) -> float:
     """Parameter *name*'s *value* as a float (an int beyond a float: infinite), if it is
     a number and not NaN."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         raise ValueError(f"{name} must be a number, got {_show(value)}")
     try:
         number = float(value)
@@ -355,7 +355,7 @@ def _min_samples(min_samples: int | None, rate: float) -> int:
     """The stays a suggestion needs: *min_samples*, by default ⌈10 / rate⌉."""
     if min_samples is None:
         return math.ceil(round(10 / rate, 9))
-    if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+    if not is_count(min_samples, 1):
         raise ValueError(f"min_samples must be a positive int, got {_show(min_samples)}")
     return min_samples
 
@@ -479,12 +479,7 @@ def _advise_state(
     if snapshot is not None:
         oldest, live_over, tail = _live(s, ages or [], suggested, warnings)
         growing = growing or tail
-    if mode == "enforce" and s.fired:
-        warnings.append(
-            f"enforce mode: {s.fired} stay(s) were cut at the current deadline when it "
-            "failed them; how long they would have lasted is unknown (learn it in report "
-            "mode)"
-        )
+    _warn_cut(s, mode, warnings)
     return StateAdvice(
         state=s.state,
         count=n,
@@ -497,9 +492,9 @@ def _advise_state(
         deadline=s.deadline,
         fired=s.fired,
         fired_completed=fired_completed,
-        over_deadline=None if s.deadline is None else dist.count_above(s.deadline),
+        over_deadline=_count_above(dist, s.deadline),
         suggested=suggested,
-        over_suggested=None if suggested is None else dist.count_above(suggested),
+        over_suggested=_count_above(dist, suggested),
         enough_data=n >= need,
         min_samples=need,
         growing=growing,
@@ -510,6 +505,21 @@ def _advise_state(
     )
 
 
+def _warn_cut(s: StateStatistics, mode: Mode | None, warnings: list[str]) -> None:
+    """Enforce mode: warn that the stays the deadline failed were cut short."""
+    if mode == "enforce" and s.fired:
+        warnings.append(
+            f"enforce mode: {s.fired} stay(s) were cut at the current deadline when it "
+            "failed them; how long they would have lasted is unknown (learn it in report "
+            "mode)"
+        )
+
+
+def _count_above(dist: Distribution, seconds: float | None) -> int | None:
+    """The recorded stays longer than *seconds* (None: no deadline to count against)."""
+    return None if seconds is None else dist.count_above(seconds)
+
+
 def _earlier(s: StateStatistics, baseline: Statistics | None) -> Distribution | None:
     """The baseline's distribution for *s*'s state, if it is an earlier copy of it."""
     if baseline is None:
@@ -518,14 +528,19 @@ def _earlier(s: StateStatistics, baseline: Statistics | None) -> Distribution | 
     if before is None:
         return None
     dist, old = s.distribution, before.distribution
-    if old.bounds != dist.bounds or any(
-        b > a for a, b in zip(dist.counts, old.counts, strict=True)
-    ):
+    if not _could_precede(old, dist):
         raise ValueError(
             f"baseline: state {s.state!r} is not an earlier copy of the same statistics "
             "(different buckets, or more values than now)"
         )
     return old
+
+
+def _could_precede(old: Distribution, dist: Distribution) -> bool:
+    """Whether *old* can be an earlier copy of *dist*: the same buckets, none fuller."""
+    return old.bounds == dist.bounds and all(
+        b <= a for a, b in zip(dist.counts, old.counts, strict=True)
+    )
 
 
 def _trend(dist: Distribution, earlier: Distribution | None, warnings: list[str]) -> bool:
@@ -657,13 +672,13 @@ def _count_value(number: int | None, name: str, labels: Mapping[str, str], value
     """A sample that counts something (a bucket, a counter): finite and not negative."""
     if not math.isfinite(value) or value < 0:
         raise ValueError(
-            f"{_at(number)}{_series(name, labels)} {_exposed(value)}: a count must be a "
+            f"{_at(number)}{_series(name, labels)} {exposed(value)}: a count must be a "
             "finite number >= 0 (NaN and infinite counts mean nothing)"
         )
     return value
 
 
-def _exposed(value: float) -> str:
+def exposed(value: float) -> str:
     """*value* as the exposition writes it (``+Inf``, ``-Inf``, ``NaN``)."""
     if math.isnan(value):
         return "NaN"
@@ -804,16 +819,24 @@ class _Scrape:
             state=state,
             deadline=self.deadline(state) if deadlines is None else deadlines.get(state),
             distribution=self.distribution(state, per),
-            fired=None
-            if self.fired_counter is None
-            else _whole(self.fired.get(state, 0.0), self.fired_counter),
-            fired_then=(
-                {"completed": _whole(self.done.get(state, 0.0), str(completed))}
-                if completed
-                else {}
-            ),
+            fired=self.fired_count(state),
+            fired_then=self.fired_then(state),
             completed=("completed",) if completed else (),
         )
+
+    def fired_count(self, state: str) -> int | None:
+        """*state*'s expiries, summed (None: no counter of them was named)."""
+        if self.fired_counter is None:
+            return None
+        return _whole(self.fired.get(state, 0.0), self.fired_counter)
+
+    def fired_then(self, state: str) -> dict[str, int]:
+        """*state*'s reported requests that then completed, summed, as
+        ``StateStatistics.fired_then`` holds them (empty: no counter of them)."""
+        completed = self.completed_counter
+        if not completed:
+            return {}
+        return {"completed": _whole(self.done.get(state, 0.0), completed)}
 
     def deadline(self, state: str) -> float | None:
         """*state*'s deadline as the gauge says (0, the exporters' "none", and +Inf say

@@ -17,7 +17,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -32,6 +32,9 @@ from ._validate import (
     TOO_LARGE,
     did_you_mean,
     digits,
+    is_count,
+    is_text,
+    says_none,
     seconds_or_problem,
     shorten,
 )
@@ -158,10 +161,17 @@ def _render_int(value: int) -> str:
 def _render_list(value: list[Any] | tuple[Any, ...], depth: int, spaced: bool) -> str:
     if depth <= 0:
         return "[...]" if value else "[]"
-    items = [_render(v, depth - 1, spaced) for v in value[:_SHOW_ITEMS]]
-    if len(value) > _SHOW_ITEMS:
-        items.append(f"... ({len(value)} items)")
-    return "[" + ", ".join(items) + "]"
+    items = (_render(v, depth - 1, spaced) for v in value)
+    return "[" + _first_few(items, len(value), "items") + "]"
+
+
+def _first_few(shown: Iterable[str], total: int, unit: str) -> str:
+    """The first :data:`_SHOW_ITEMS` of *shown* (the rendered items or keys of a
+    collection of *total*), comma-separated, then ``... (total unit)`` if there are
+    more."""
+    first = list(itertools.islice(shown, _SHOW_ITEMS))
+    more = [f"... ({total} {unit})"] if total > _SHOW_ITEMS else []
+    return ", ".join([*first, *more])
 
 
 #: how scalars are written, in the order they are tried (a bool is an int too)
@@ -178,13 +188,8 @@ def _render_table(value: Mapping[Any, Any], depth: int, spaced: bool) -> str:
         return "{}"
     if depth <= 0:
         return "{...}"
-    pairs = []
-    for n, (k, v) in enumerate(value.items()):
-        if n == _SHOW_ITEMS:
-            pairs.append(f"... ({len(value)} keys)")
-            break
-        pairs.append(f"{_key(k)} = {_render(v, depth - 1, spaced)}")
-    inner = ", ".join(pairs)
+    pairs = (f"{_key(k)} = {_render(v, depth - 1, spaced)}" for k, v in value.items())
+    inner = _first_few(pairs, len(value), "keys")
     return "{ " + inner + " }" if spaced else "{" + inner + "}"
 
 
@@ -203,10 +208,7 @@ def _key(key: object) -> str:
 
 def _keys(table: Mapping[Any, Any]) -> str:
     """The keys of *table*, comma-separated (the first few of a large table)."""
-    names = [_key(k) for k in itertools.islice(table, _SHOW_ITEMS)]
-    if len(table) > _SHOW_ITEMS:
-        names.append(f"... ({len(table)} keys)")
-    return ", ".join(names)
+    return _first_few(map(_key, table), len(table), "keys")
 
 
 def _error(source: str, table: str, key: object, value: object, problem: str) -> ConfigError:
@@ -244,7 +246,7 @@ _SECONDS = 'must be a positive, finite number of seconds, or "none" for no deadl
 
 def _parse_seconds(source: str, table: str, key: object, given: object) -> float | None:
     value = given.value if isinstance(given, _Raw) else given
-    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+    if value is None or says_none(value):
         return None
     seconds = seconds_or_problem(value)  # the one rule (stallguard._validate)
     if seconds == TOO_LARGE:  # an int beyond the float range (a 400-digit TOML integer)
@@ -273,7 +275,7 @@ def _to_state(
 ) -> State:
     if isinstance(label, enum.Enum) and states is None:
         return label
-    if not isinstance(label, str) or not label:
+    if not is_text(label):
         raise _error(source, table, key, label, "a state must be a non-empty string")
     if states is None:
         return label
@@ -350,7 +352,7 @@ def _choice(source: str, table: str, key: str, value: object, allowed: tuple[str
 
 
 def _memory(source: str, table: str, key: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_count(value, 1):
         raise _error(source, table, key, value, "must be a positive integer")
     return value
 
@@ -485,17 +487,20 @@ def _ours(
     head = _env_head(env_prefix, spec.name)
     heads = {o: _env_head(env_prefix, o) for o in others if o != spec.name}
     addressed = [(var, value) for var, value in env.items() if _under(var, head)]
-    if addressed:
-        _refuse_twins(spec.name, head, heads, addressed[0][0])
+    _refuse_twins(spec.name, head, heads, addressed)
     longer = _longer_heads(head, heads)
-    ours = []
-    for var, value in addressed:
-        if _claimed_by_another(spec, var, var[len(head) :], longer, states):
-            continue
-        if not isinstance(value, str):
-            raise _error(_ENV, "", var, value, "an environment value must be a string")
-        ours.append((var, value))
-    return sorted(ours)
+    return sorted(
+        (var, _env_text(var, value))
+        for var, value in addressed
+        if not _claimed_by_another(spec, var, var[len(head) :], longer, states)
+    )
+
+
+def _env_text(var: str, value: object) -> str:
+    """*var*'s *value*, refused unless a string (an ``env`` mapping may hold anything)."""
+    if not isinstance(value, str):
+        raise _error(_ENV, "", var, value, "an environment value must be a string")
+    return value
 
 
 def _under(var: object, head: str) -> bool:
@@ -509,11 +514,14 @@ def _longer_heads(head: str, heads: Mapping[str, str]) -> dict[str, str]:
     return {o: h for o, h in heads.items() if h != head and h.startswith(head)}
 
 
-def _refuse_twins(name: str, head: str, heads: Mapping[str, str], var: str) -> None:
-    """Refuse *var*, addressed to spec *name* (*head*), if another spec's variables
-    (*heads*: name -> head) start with the same head."""
+def _refuse_twins(
+    name: str, head: str, heads: Mapping[str, str], addressed: list[tuple[str, str]]
+) -> None:
+    """Refuse the variables *addressed* to spec *name* (*head*), naming the first, if
+    another spec's variables (*heads*: name -> head) start with the same head."""
     twins = [o for o, h in heads.items() if h == head]
-    if twins:
+    if twins and addressed:
+        var = addressed[0][0]
         raise ConfigError(
             f"environment: {var}: ambiguous: specs {name!r} and {twins[0]!r} both read the "
             f"variables {head}*; rename one of them so that their names differ in more "
@@ -566,12 +574,13 @@ def _env_seconds(var: str, value: str) -> float | None:
     return _parse_seconds(_ENV, "", var, _env_number(value))
 
 
-#: the watchdog options set by a variable: its name after the spec's head -> the
-#: :class:`WatchdogConfig` field and the value's parser
-_ENV_OPTIONS: dict[str, tuple[str, Callable[[str, str], object]]] = {
-    "MODE": ("mode", _env_mode),
-    "UNKNOWN_STATE": ("unknown_state", _env_unknown_state),
-    "MEMORY": ("memory", _env_memory),
+#: the settings set by a variable: its name after the spec's head -> whose field it is
+#: (the :class:`WatchdogConfig`'s or its spec's), the field and the value's parser
+_ENV_OPTIONS: dict[str, tuple[str, str, Callable[[str, str], object]]] = {
+    "MODE": ("config", "mode", _env_mode),
+    "UNKNOWN_STATE": ("config", "unknown_state", _env_unknown_state),
+    "MEMORY": ("config", "memory", _env_memory),
+    "LIFETIME": ("spec", "lifetime", _env_seconds),
 }
 
 
@@ -585,31 +594,34 @@ def _apply_env(
         return config
     head = _env_head(env_prefix, spec.name)
     deadlines = dict(spec.deadlines)
-    changes: dict[str, Any] = {}
-    spec_changes: dict[str, Any] = {}
+    changes: dict[str, dict[str, Any]] = {"config": {}, "spec": {}}
     for var, value in ours:
         rest = var[len(head) :]
         if rest in _ENV_OPTIONS:
-            field, parse = _ENV_OPTIONS[rest]
-            changes[field] = parse(var, value)
-        elif rest == "LIFETIME":
-            spec_changes["lifetime"] = _env_seconds(var, value)
+            owner, field, parse = _ENV_OPTIONS[rest]
+            changes[owner][field] = parse(var, value)
         elif rest.startswith(("DEADLINE_", "STALL_")):
             _env_deadline(spec, states, deadlines, var, rest, value)
         else:
-            raise _error(
-                _ENV,
-                "",
-                var,
-                value,
-                f"unknown setting {rest}; the settings of spec {spec.name!r} are "
-                + ", ".join(head + form for form in _ENV_FORMS),
-            )
+            raise _unknown_setting(spec, head, var, value, rest)
     if deadlines != dict(spec.deadlines):
-        spec_changes["deadlines"] = deadlines
-    if spec_changes:
-        spec = spec.evolve(**spec_changes)  # each value was validated above
-    return attrs.evolve(config, spec=spec, **changes)
+        changes["spec"]["deadlines"] = deadlines
+    if changes["spec"]:
+        spec = spec.evolve(**changes["spec"])  # each value was validated above
+    return attrs.evolve(config, spec=spec, **changes["config"])
+
+
+def _unknown_setting(spec: Spec, head: str, var: str, value: str, rest: str) -> ConfigError:
+    """The error for *var*, addressed to *spec* (*head*) but naming none of its
+    settings (*rest*: the name after the head), listing the settings it has."""
+    settings = ", ".join(head + form for form in _ENV_FORMS)
+    return _error(
+        _ENV,
+        "",
+        var,
+        value,
+        f"unknown setting {rest}; the settings of spec {spec.name!r} are {settings}",
+    )
 
 
 def _env_deadline(
@@ -800,8 +812,7 @@ def load_config(
         name = _check_str("name", name)
     env_prefix = _check_str("env_prefix", env_prefix)
     states = _check_states(states)
-    if env is not _ENVIRON and env is not None and not isinstance(env, Mapping):
-        raise ConfigError(f"env must be a mapping of variable names to values or None, got {env!r}")
+    _check_env(env)
     label, document = _document(source)
     if env is _ENVIRON:
         env = os.environ
@@ -811,6 +822,13 @@ def load_config(
     if env is not None:
         config = _apply_env(config, env, env_prefix, tuple(specs))
     return config
+
+
+def _check_env(env: object) -> None:
+    """Refuse an *env* argument that is neither the default, None nor a mapping."""
+    if env is _ENVIRON or env is None or isinstance(env, Mapping):
+        return
+    raise ConfigError(f"env must be a mapping of variable names to values or None, got {env!r}")
 
 
 def _document(source: object) -> tuple[str, Mapping[str, Any]]:

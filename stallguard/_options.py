@@ -10,7 +10,7 @@ import attrs
 
 from ._details import Mode
 from ._errors import ConfigError
-from ._validate import DEFAULT_MEMORY, MODES, UNKNOWN_STATE, choice
+from ._validate import DEFAULT_MEMORY, MODES, UNKNOWN_STATE, choice, is_count
 
 __all__ = ["WatchdogOptions"]
 
@@ -24,7 +24,7 @@ def _unknown_state(_instance: object, _attribute: object, value: object) -> None
 
 
 def _memory(_instance: object, _attribute: object, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_count(value, 1):
         raise ConfigError(f"memory must be a positive int, got {value!r}")
 
 

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._adapters import describe_exception
+from ._advice import exposed
 
 __all__ = ["PrometheusAPIError", "exposition_from_prometheus", "parse_window"]
 
@@ -154,16 +155,19 @@ def _points(series: Any, base: str) -> tuple[dict[str, str], list[tuple[float, f
         raise PrometheusAPIError(
             f"--prometheus {base!r}: a series without metric/values: {_short(series)}"
         )
-    points: list[tuple[float, float]] = []
-    for point in values:
-        try:
-            t, v = point
-            points.append((float(t), float(v)))
-        except (TypeError, ValueError):
-            raise PrometheusAPIError(
-                f"--prometheus {base!r}: a point is not [time, value]: {_short(point)}"
-            ) from None
+    points = [_point(point, base) for point in values]
     return {str(k): str(v) for k, v in labels.items()}, points
+
+
+def _point(point: Any, base: str) -> tuple[float, float]:
+    """One ``[time, value]`` point of a matrix entry, as floats."""
+    try:
+        t, v = point
+        return float(t), float(v)
+    except (TypeError, ValueError):
+        raise PrometheusAPIError(
+            f"--prometheus {base!r}: a point is not [time, value]: {_short(point)}"
+        ) from None
 
 
 def growth(points: Sequence[tuple[float, float]], *, born: bool) -> float:
@@ -176,14 +180,6 @@ def growth(points: Sequence[tuple[float, float]], *, born: bool) -> float:
             total += value - previous if value >= previous else value
         previous = value
     return total
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
 
 
 def _is_counter(name: str) -> bool:
@@ -277,7 +273,7 @@ def _line(series: Any, base: str, names: Sequence[str], born_after: float) -> st
     value = points[-1][1]  # a gauge's last value
     if _is_counter(name):
         value = growth(points, born=points[0][0] > born_after)
-    return f"{name}{{{_label_text(labels)}}} {_number(value)}"
+    return f"{name}{{{_label_text(labels)}}} {exposed(value)}"
 
 
 def scrape_exposition(url: str, *, what: str = "--url", timeout: float = 10.0) -> str:

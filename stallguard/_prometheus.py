@@ -159,10 +159,7 @@ class StatisticsExporter:
         dist = s.distribution
         sent = self._sent.get(label)
         if sent is None:
-            sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
-            if self.deadline is not None and s.deadline is not None:
-                labels = {**self.deadline_labels, self.state_label: label}
-                self.deadline.labels(**labels).set(s.deadline)
+            sent = self._first_export(label, s)
         elif sum(sent[0]) == dist.count:
             return  # nothing new in this state
         fine = dist.counts
@@ -170,6 +167,15 @@ class StatisticsExporter:
         child = self.histogram.labels(**self.labels, **{self.state_label: label})
         add_to_histogram(child, counts, dist.total - sent[1], sent[0])
         self._sent[label] = (counts, dist.total)
+
+    def _first_export(self, label: str, s: StateStatistics) -> tuple[list[int], float]:
+        """A state's first export: nothing sent yet; its deadline set on the gauge (only
+        then, at the state's first export)."""
+        sent = self._sent[label] = ([0] * (len(LADDER) + 1), 0.0)
+        if self.deadline is not None and s.deadline is not None:
+            labels = {**self.deadline_labels, self.state_label: label}
+            self.deadline.labels(**labels).set(s.deadline)
+        return sent
 
 
 def expiries_since(statistics: Statistics, sent: dict[ExpiryKey, int]) -> dict[ExpiryKey, int]:

@@ -33,7 +33,7 @@ import attrs
 from ._details import Expiry
 from ._errors import ConfigError
 from ._spec import Spec
-from ._validate import check_seconds
+from ._validate import check_seconds, is_count, is_text
 from ._watchdog import Watchdog
 
 __all__ = [
@@ -376,12 +376,12 @@ def _checked_arguments(
     name: object, deadline: float | None, unit: object, on_overdue: object
 ) -> float | None:
     """:class:`Quarantine`'s arguments, checked in that order; the deadline in seconds."""
-    if not isinstance(name, str) or not name:
+    if not is_text(name):
         raise ConfigError(f"Quarantine name must be a non-empty str, got {name!r}")
     seconds = check_seconds("Quarantine deadline", deadline)
     if on_overdue is not None and not callable(on_overdue):
         raise ConfigError(f"on_overdue must be a callable, got {on_overdue!r}")
-    if not isinstance(unit, str) or not unit:
+    if not is_text(unit):
         raise ConfigError(f"unit must be a non-empty str, got {unit!r}")
     return seconds
 
@@ -392,7 +392,7 @@ def _check_hold(peer: object, units: object, nbytes: object) -> None:
     if not isinstance(peer, str):
         raise ConfigError(f"Quarantine.hold peer must be a str, got {peer!r}")
     for what, value in (("units", units), ("nbytes", nbytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_count(value):
             raise ConfigError(f"Quarantine.hold {what} must be a non-negative int, got {value!r}")
 
 

@@ -40,6 +40,7 @@ import attrs
 
 from ._details import Mode
 from ._spec import Spec, State, state_label
+from ._validate import is_real
 
 __all__ = [
     "BOUNDS",
@@ -150,7 +151,7 @@ def sample_quantile(values: Iterable[float], q: float) -> float:
 
 
 def _check_q(q: float) -> float:
-    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
+    if not is_real(q) or not 0 <= q <= 1:
         raise ValueError(f"quantile q must be a number between 0 and 1, got {q!r}")
     return float(q)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._errors import ClockError, ConfigError, UnknownStateError
 
@@ -31,6 +31,10 @@ __all__ = [
     "did_you_mean",
     "digits",
     "expire_hooks",
+    "is_count",
+    "is_real",
+    "is_text",
+    "says_none",
     "listener_args",
     "shorten",
     "unhashable",
@@ -59,6 +63,28 @@ def did_you_mean(value: object, allowed: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def is_real(value: object) -> TypeGuard[int | float]:
+    """Whether *value* is a real number as every check here means it: an int or a float,
+    not a bool (``True`` is an int to Python, never a number of seconds)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_count(value: object, least: int = 0) -> TypeGuard[int]:
+    """Whether *value* is an int (not a bool) of at least *least*."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def is_text(value: object) -> TypeGuard[str]:
+    """Whether *value* is a non-empty string (a name, a label, a unit)."""
+    return isinstance(value, str) and value != ""
+
+
+def says_none(value: object) -> bool:
+    """Whether *value* is the text ``"none"`` (any case, spaces around it ignored): how a
+    config file or an environment variable says "no deadline"."""
+    return isinstance(value, str) and value.strip().lower() == "none"
+
+
 #: What :func:`seconds_or_problem` says is wrong with a duration.
 NOT_A_NUMBER = "not a number"
 TOO_LARGE = "too large for a float"
@@ -70,7 +96,7 @@ def seconds_or_problem(value: object) -> float | str:
     real number (bools and strings are not numbers), else what is wrong with it
     (:data:`NOT_A_NUMBER`, :data:`TOO_LARGE` or :data:`NOT_POSITIVE_FINITE`). Callers
     word the error for their location (a field, a file's key, an environment variable)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         return NOT_A_NUMBER
     try:
         seconds = float(value)
@@ -94,22 +120,20 @@ def check_seconds(where: str, value: object) -> float | None:
     if value is None:
         return None
     seconds = seconds_or_problem(value)
-    if seconds == NOT_A_NUMBER:
-        raise ConfigError(
-            f"{where} must be a number of seconds or None, got {_show(value)} "
-            f"({type(value).__name__})"
-        )
-    if seconds == TOO_LARGE:
-        raise ConfigError(
-            f"{where} must be a positive, finite number of seconds, got {_show(value)}, "
-            "which is too large for a float"
-        )
     if isinstance(seconds, str):
-        raise ConfigError(
-            f"{where} must be a positive, finite number of seconds, got {_show(value)}; "
-            "use None to declare explicitly that there is no deadline"
-        )
+        said = _CHECK_SECONDS[seconds]
+        raise ConfigError(said.format(where=where, shown=_show(value), type=type(value).__name__))
     return seconds
+
+
+#: :func:`check_seconds`' message for each problem of :func:`seconds_or_problem`
+_CHECK_SECONDS = {
+    NOT_A_NUMBER: "{where} must be a number of seconds or None, got {shown} ({type})",
+    TOO_LARGE: "{where} must be a positive, finite number of seconds, got {shown}, "
+    "which is too large for a float",
+    NOT_POSITIVE_FINITE: "{where} must be a positive, finite number of seconds, got "
+    "{shown}; use None to declare explicitly that there is no deadline",
+}
 
 
 def choice(where: str, value: object, allowed: tuple[str, ...]) -> str:

@@ -16,7 +16,8 @@ key and the value:
 Packaging and the command line: :func:`lazy_attribute` / :func:`lazy_names` (a cheap,
 typed package face), :class:`VersionSupport` (the supported engine releases: one
 specifier and its check), :func:`versions_line`, :func:`version_action`,
-:class:`OneLineParser`, :func:`one_line`, :func:`seconds_arg`, :func:`run_console`.
+:class:`OneLineParser`, :func:`one_line`, :func:`seconds_arg`, :func:`run_console`,
+:func:`text_table` (a support or coverage table, aligned).
 
 Time in state on Prometheus: :data:`BOUNDS` and :data:`LADDER` (the statistics bucket
 layout), :func:`histogram_buckets`, :class:`StatisticsExporter` (with the core's counts
@@ -46,6 +47,7 @@ from ._adapters import (
     read_toml,
     run_console,
     seconds_arg,
+    text_table,
     version_action,
     versions_line,
 )
@@ -149,6 +151,7 @@ __all__ = [
     "scrape_exposition",
     "seconds_arg",
     "shorten",
+    "text_table",
     "toml_number",
     "version_action",
     "versions_line",

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._details import Expiry
+from ._validate import is_real
 from .instrumentation import _hooks, get_on_expire_hooks, set_on_expire_hooks
 
 __all__ = ["FakeClock", "record_expiries", "stop_and_wait", "threads_stopped"]
@@ -47,7 +48,7 @@ class FakeClock:
 
     @staticmethod
     def _valid(name: str, value: object) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_real(value):
             raise TypeError(f"{name} must be a number of seconds, got {value!r}")
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value!r}")

@@ -333,3 +333,17 @@ def test_scrape_exposition_reads_a_metrics_page_and_names_the_url_when_it_cannot
         scrape_exposition(f"http://127.0.0.1:{closed}/m", what="--scrape", timeout=5)
     with pytest.raises(ValueError, match="cannot scrape it"):
         scrape_exposition("not a url")
+
+
+def test_text_table_aligns_columns_under_a_rule() -> None:
+    """The support and coverage tables' one layout: columns two spaces apart, as wide
+    as their widest cell, trailing spaces trimmed, dashes under the header."""
+    table = stallguard.adapters.text_table(
+        [("phase", "mode", "stallguard"), ("Receiving", "pull", "10s"), ("Queued", "", "")]
+    )
+    assert table.splitlines() == [
+        "phase      mode  stallguard",
+        "---------  ----  ----------",
+        "Receiving  pull  10s",
+        "Queued",
+    ]

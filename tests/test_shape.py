@@ -1,6 +1,7 @@
 """The code's shape, measured with radon (tools/shape.py; issue 23's targets): no block of
 the watchdog's modules or the adapters graded worse than C, the Watchdog class at most
-600 lines, and the figures the tool prints are the ones radon and the source give."""
+600 lines, each area's average complexity at most its ceiling, and the figures the tool
+prints are the ones radon and the source give."""
 
 from __future__ import annotations
 
@@ -66,4 +67,18 @@ def test_the_watchdog_is_at_most_600_lines_and_a_longer_one_fails_the_check(monk
     f = shape.figures()
     assert f["watchdog_lines"] <= shape.WATCHDOG_LINES_TARGET, shape.report(f)
     monkeypatch.setattr(shape, "watchdog_lines", lambda: shape.WATCHDOG_LINES_TARGET + 1)
+    assert shape.main(["--check"]) == 1
+
+
+def test_each_average_is_within_its_ceiling_and_a_higher_one_fails_the_check(monkeypatch):
+    """The averages reached stay reached: a ceiling per area (a little above the figure
+    of 2026-12-04); an area above its ceiling (here: a ceiling lowered below today's
+    figure) fails the check, named in the report."""
+    f = shape.figures()
+    assert shape.above_average_ceiling(f) == [], shape.report(f)
+    assert set(shape.AVERAGE_CEILINGS) == set(shape.AREAS)
+    lowered = {**shape.AVERAGE_CEILINGS, "stallguard-vllm": f["averages"]["stallguard-vllm"] - 0.01}
+    monkeypatch.setattr(shape, "AVERAGE_CEILINGS", lowered)
+    assert shape.above_average_ceiling(f) == ["stallguard-vllm"]
+    assert "above in stallguard-vllm" in shape.report(f)[-1]
     assert shape.main(["--check"]) == 1

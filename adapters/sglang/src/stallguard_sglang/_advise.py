@@ -147,15 +147,19 @@ def advise_text(
     for queue in ("inflight", "bootstrap", "prealloc", "transfer"):
         for backend in _backends(text, queue):
             stats = statistics(text, queue, backend)
-            before = None
-            if baseline is not None and backend in _backends(baseline, queue):
-                before = statistics(baseline, queue, backend)
             out[queue, backend] = stallguard.advise(
                 stats,
-                baseline=before,
+                baseline=_baseline(baseline, queue, backend),
                 **kwargs,  # type: ignore[arg-type]
             )
     return out
+
+
+def _baseline(baseline: str | None, queue: str, backend: str) -> Statistics | None:
+    """The statistics of *queue* and *backend* in the *baseline* scrape, if it has them."""
+    if baseline is None or backend not in _backends(baseline, queue):
+        return None
+    return statistics(baseline, queue, backend)
 
 
 def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
@@ -166,11 +170,25 @@ def toml_block(advice: Mapping[tuple[str, str], Advice]) -> str:
     and the decode queues' phases in ``[decode.prealloc]`` / ``[decode.transfer]`` (the
     longest across backends: decode deadlines are not per backend). States without a
     suggestion are left out (they keep their configured deadline)."""
-    inflight = {b: a for (q, b), a in advice.items() if q == "inflight"}
-    lines = _prefill_tables(inflight) + _bootstrap_table(advice)
+    lines = _prefill_tables(_of_queue(advice, "inflight")) + _bootstrap_table(advice)
     for queue, phases in DECODE_PHASES.items():
         lines += _decode_table(queue, phases, advice)
     return "\n".join(lines)
+
+
+def _of_queue(advice: Mapping[tuple[str, str], Advice], queue: str) -> dict[str, Advice]:
+    """*queue*'s advice per backend, by backend name (in *advice*'s order)."""
+    return {b: a for (q, b), a in advice.items() if q == queue}
+
+
+def _suggestions(state: str, per_backend: Mapping[str, Advice]) -> list[tuple[float, str]]:
+    """``(suggested seconds, backend)`` for each backend that has a suggestion for
+    *state*."""
+    return [
+        (s.suggested, b)
+        for b, a in per_backend.items()
+        if (s := a.states.get(state)) is not None and s.suggested is not None
+    ]
 
 
 def _prefill_tables(inflight: Mapping[str, Advice]) -> list[str]:
@@ -193,16 +211,10 @@ def _prefill_tables(inflight: Mapping[str, Advice]) -> list[str]:
 def _bootstrap_table(advice: Mapping[tuple[str, str], Advice]) -> list[str]:
     """``[bootstrap_queue] deadline``: the longest ``Bootstrapping`` suggestion of the
     bootstrap queue across backends (nothing without one)."""
-    boot = [
-        s.suggested
-        for (q, _), a in advice.items()
-        if q == "bootstrap"
-        for s in a.states.values()
-        if s.state == "Bootstrapping" and s.suggested is not None
-    ]
+    boot = _suggestions("Bootstrapping", _of_queue(advice, "bootstrap"))
     if not boot:
         return []
-    return ["[bootstrap_queue]", f"deadline = {toml_number(max(boot))}", ""]
+    return ["[bootstrap_queue]", f"deadline = {toml_number(max(boot)[0])}", ""]
 
 
 def _decode_table(
@@ -212,7 +224,7 @@ def _decode_table(
     gets the longest suggestion across the backends that have one (a comment names
     it); a phase no backend has a suggestion for is a comment saying why (it keeps its
     configured deadline); nothing when the queue has no stays at all."""
-    per_backend = {b: a for (q, b), a in sorted(advice.items()) if q == queue}
+    per_backend = dict(sorted(_of_queue(advice, queue).items()))
     lines = [line for phase in phases if (line := _phase_line(phase, per_backend))]
     if not lines:
         return []
@@ -223,11 +235,7 @@ def _phase_line(phase: str, per_backend: Mapping[str, Advice]) -> str | None:
     """*phase*'s line of a ``[decode.<queue>]`` table: its longest suggestion across
     backends (*per_backend*), else a comment with the reasons there is none (None: no
     backend has the phase)."""
-    found = [
-        (s.suggested, b)
-        for b, a in per_backend.items()
-        if (s := a.states.get(phase)) is not None and s.suggested is not None
-    ]
+    found = _suggestions(phase, per_backend)
     if found:
         seconds, backend = max(found)
         return f"{phase} = {toml_number(seconds)}  # {backend}"
@@ -350,13 +358,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _advise(args: argparse.Namespace) -> dict[tuple[str, str], Advice]:
     """The advice for the source and the parameters *args* name."""
-    multiproc = args.multiproc_dir
-    if args.url is None and args.file is None and multiproc is None and not args.prometheus:
-        multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     text = read_source(
         url=args.url,
         file=args.file,
-        multiproc_dir=multiproc,
+        multiproc_dir=_multiproc_dir(args),
         prometheus=args.prometheus,
         window=parse_window(args.window),
         step=None if args.step is None else parse_window(args.step, "--step"),
@@ -370,6 +375,14 @@ def _advise(args: argparse.Namespace) -> dict[tuple[str, str], Advice]:
         floor=args.floor,
         min_samples=args.min_samples,
     )
+
+
+def _multiproc_dir(args: argparse.Namespace) -> str | None:
+    """``--multiproc-dir``; without any source option, ``$PROMETHEUS_MULTIPROC_DIR``."""
+    given = (args.url, args.file, args.multiproc_dir)
+    if all(option is None for option in given) and not args.prometheus:
+        return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return args.multiproc_dir  # type: ignore[no-any-return]
 
 
 def _print_tables(advice: Mapping[tuple[str, str], Advice], what: str) -> None:

@@ -329,23 +329,29 @@ def _env_deadlines(
     the window (keeping the deadline, which must be set)."""
     out = dict(current)
     for var, (field_name, state) in _deadline_vars(head, states).items():
-        if var not in env:
-            continue
-        seconds = env.seconds(var)
-        before = out.get(state)
-        if field_name == "seconds":
-            out[state] = Deadline(seconds=seconds, stall=before.stall if before else None)
-        elif before is None:
-            raise env.error(
-                var,
-                env.values[var],
-                f"{state} has no deadline set in the file; set "
-                f"{head}DEADLINE_{_env_name(state)} too (a stall window keeps the deadline "
-                "it is given)",
-            )
-        else:
-            out[state] = Deadline(seconds=before.seconds, stall=seconds)
+        if var in env:
+            out[state] = _env_deadline(env, var, head, field_name, state, out.get(state))
     return _frozen(out) if out != dict(current) else current
+
+
+def _env_deadline(
+    env: EnvReader, var: str, head: str, field_name: str, state: str, before: Deadline | None
+) -> Deadline:
+    """*state*'s deadline (*before*: as set so far) with variable *var* applied: a
+    deadline variable (*field_name* ``"seconds"``) keeps the stall window, a stall one
+    keeps the deadline, which must be set."""
+    seconds = env.seconds(var)
+    if field_name == "seconds":
+        return Deadline(seconds=seconds, stall=before.stall if before else None)
+    if before is None:
+        raise env.error(
+            var,
+            env.values[var],
+            f"{state} has no deadline set in the file; set "
+            f"{head}DEADLINE_{_env_name(state)} too (a stall window keeps the deadline "
+            "it is given)",
+        )
+    return Deadline(seconds=before.seconds, stall=seconds)
 
 
 def apply_environment(config: Config, environ: Mapping[str, str] | None = None) -> Config:

@@ -214,11 +214,35 @@ def _peer_of(receiver: Any) -> str:
     infos = getattr(receiver, "bootstrap_infos", None) or ()
     peers = []
     for info in infos:
-        ip = info.get("rank_ip") if isinstance(info, dict) else getattr(info, "rank_ip", None)
-        port = info.get("rank_port") if isinstance(info, dict) else getattr(info, "rank_port", None)
+        ip = _info_field(info, "rank_ip")
         if ip is not None:
-            peers.append(f"{ip}:{port}")
+            peers.append(f"{ip}:{_info_field(info, 'rank_port')}")
     return ",".join(sorted(set(peers))) or str(getattr(receiver, "bootstrap_addr", "?"))
+
+
+def _info_field(info: Any, name: str) -> Any:
+    """Field *name* of a receiver's bootstrap info, a dict or an object (None if it
+    has none)."""
+    return info.get(name) if isinstance(info, dict) else getattr(info, name, None)
+
+
+#: per decode queue: how a receiver's status reads as a phase, and the terminal phases
+_KINDS: dict[str, tuple[Callable[[Any, int | None], str], tuple[str, ...]]] = {
+    "prealloc": (_prealloc_phase, ("Success", "Failed")),
+    "transfer": (_transfer_phase, ("Failed",)),
+}
+
+
+def _new_quarantine(rt: Runtime) -> Quarantine[_Hold]:
+    """The transfer queue's quarantine (enforce mode): the pages of the requests
+    stallguard failed, held until the prefill proves its writes into them over."""
+    return Quarantine(
+        "sglang.decode.quarantine",
+        deadline=rt.config.decode.quarantine,
+        clock=rt.clock,
+        unit="pages",
+        overdue_action=OVERDUE_ACTION,
+    )
 
 
 def _held_size(dreq: Any) -> tuple[int, int]:
@@ -254,14 +278,12 @@ class _DecodeGuard(QueueMembership):
         self.dp_rank = dp_rank
         #: SGLang's own scheduler metric labels (model_name, tp_rank, ...), for joins
         self.metric_labels: dict[str, str] = metric_labels or {}
-        self.phase_of: Callable[[Any, int | None], str] = (
-            _prealloc_phase if kind == "prealloc" else _transfer_phase
-        )
+        self.phase_of: Callable[[Any, int | None], str]
+        self.phase_of, terminal = _KINDS[kind]
         order = ("", *DECODE_PHASES[kind])
         self.order = {phase: i for i, phase in enumerate(order)}
         self.order["Success"] = self.order["Failed"] = len(order)
         mode = config.decode.mode
-        terminal = ("Success", "Failed") if kind == "prealloc" else ("Failed",)
         spec = Spec(
             name=f"sglang.decode.{kind}",
             deadlines=decode_deadlines(config, kind),
@@ -290,13 +312,7 @@ class _DecodeGuard(QueueMembership):
         self.quarantine: Quarantine[_Hold] | None = None
         self._peers_shown: set[tuple[str, str]] = set()
         if kind == "transfer" and mode == "enforce":
-            self.quarantine = Quarantine(
-                "sglang.decode.quarantine",
-                deadline=config.decode.quarantine,
-                clock=rt.clock,
-                unit="pages",
-                overdue_action=OVERDUE_ACTION,
-            )
+            self.quarantine = _new_quarantine(rt)
         rt.guards.add(self)  # type: ignore[arg-type]
 
     @property
@@ -524,15 +540,7 @@ class _DecodeGuard(QueueMembership):
             del self.holds[key]
             released = quarantine.release(hold, proof=_PROOF)
             hold.dreq = None
-            if released is not None:
-                log.info(
-                    "stallguard-sglang: %s (bootstrap_room %s): the prefill ACKed the "
-                    "drain; its %d quarantined pages freed after %.3fs",
-                    hold.rid,
-                    hold.room,
-                    released.units,
-                    quarantine.watchdog.clock() - released.since,
-                )
+            _log_released(hold, released, quarantine)
             changed = True
         return changed
 
@@ -603,6 +611,20 @@ class _DecodeGuard(QueueMembership):
                 {peer: (row[0], row[1], row[2]) for peer, row in peers.items()},
                 self.metric_labels,
             )
+
+
+def _log_released(hold: _Hold, released: Any, quarantine: Quarantine[_Hold]) -> None:
+    """Log the pages of *hold* freed on the drain ACK (*released*: the quarantine's
+    record of them; None: it held nothing)."""
+    if released is not None:
+        log.info(
+            "stallguard-sglang: %s (bootstrap_room %s): the prefill ACKed the "
+            "drain; its %d quarantined pages freed after %.3fs",
+            hold.rid,
+            hold.room,
+            released.units,
+            quarantine.watchdog.clock() - released.since,
+        )
 
 
 def _held_per_peer(quarantine: Quarantine[_Hold]) -> dict[str, dict[str, list[int]]]:
@@ -767,6 +789,18 @@ def update_status_around(
     return result
 
 
+def _add_update_status(plan: list[tuple[str, Callable[..., Any], str]]) -> None:
+    """The decode side's ``update_status`` hook into *plan*: combined with the prefill
+    side's if *plan* has it (one hook per target), else on its own."""
+    for i, (target, fn, _) in enumerate(plan):
+        if target == UPDATE_STATUS_TARGET:
+            if fn is not _prefill_update_status:
+                raise ValueError(f"unexpected update_status hook {fn!r}")
+            plan[i] = (UPDATE_STATUS_TARGET, update_status_around, "around")
+            return
+    plan.append((UPDATE_STATUS_TARGET, update_status_after, "after"))
+
+
 def hook_plan(
     config: Config, plan: list[tuple[str, Callable[..., Any], str]] | None = None
 ) -> list[tuple[str, Callable[..., Any], str]]:
@@ -776,14 +810,7 @@ def hook_plan(
     plan = list(plan or [])
     if config.decode.mode == "off":
         return plan
-    for i, (target, fn, _) in enumerate(plan):
-        if target == UPDATE_STATUS_TARGET:
-            if fn is not _prefill_update_status:
-                raise ValueError(f"unexpected update_status hook {fn!r}")
-            plan[i] = (UPDATE_STATUS_TARGET, update_status_around, "around")
-            break
-    else:
-        plan.append((UPDATE_STATUS_TARGET, update_status_after, "after"))
+    _add_update_status(plan)
     plan += [
         (PREALLOC_TARGET, prealloc_around, "around"),
         (TRANSFER_TARGET, transfer_around, "around"),

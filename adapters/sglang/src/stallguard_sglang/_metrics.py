@@ -148,16 +148,31 @@ def scheduler_labels(sched: Any, tp_rank: int | None) -> dict[str, str]:
         return {str(k): "" if v is None else str(v) for k, v in collector_labels.items()}
     ctx = _runtime_context()
     server_args = getattr(sched, "server_args", None)
-    mode = _disaggregation_mode(ctx, server_args)
     parallel = _attempt(lambda: ctx.get_parallel())
     labels: dict[str, Any] = {
-        "model_name": _attempt(lambda: ctx.get_serving().served_model_name)
-        or getattr(server_args, "served_model_name", None),
-        "engine_type": mode if mode in ("prefill", "decode") else "unified",
+        "model_name": _model_name(ctx, server_args),
+        "engine_type": _engine_type(_disaggregation_mode(ctx, server_args)),
         "tp_rank": tp_rank,
         **_ranks(parallel, getattr(sched, "ps", None)),
     }
-    return {k: "" if v is None or isinstance(v, Mapping) else str(v) for k, v in labels.items()}
+    return {k: _label_value(v) for k, v in labels.items()}
+
+
+def _label_value(value: Any) -> str:
+    """A label value derived from the runtime context as text: empty for one that could
+    not be read (None) or is not a value (a mapping)."""
+    return "" if value is None or isinstance(value, Mapping) else str(value)
+
+
+def _model_name(ctx: Any, server_args: Any) -> Any:
+    """The served model's name: the runtime context's, else the server arguments'."""
+    served = _attempt(lambda: ctx.get_serving().served_model_name)
+    return served or getattr(server_args, "served_model_name", None)
+
+
+def _engine_type(mode: str) -> str:
+    """The ``engine_type`` label of disaggregation *mode*, as SGLang's collector sets it."""
+    return mode if mode in ("prefill", "decode") else "unified"
 
 
 def _runtime_context() -> Any:
@@ -190,16 +205,22 @@ def _ranks(parallel: Any, ps: Any) -> dict[str, Any]:
     the runtime context's *parallel* state (SGLang 0.5.17: ``pp_rank`` from the
     scheduler's *ps*)."""
     ranks = {
-        "pp_rank": _rank(parallel, "pp_rank"),
+        "pp_rank": _pp_rank(parallel, ps),
         "moe_ep_rank": _rank(parallel, "moe_ep_rank"),
     }
-    pp_rank = getattr(ps, "pp_rank", None)
-    if ranks["pp_rank"] is None and isinstance(pp_rank, int):
-        ranks["pp_rank"] = pp_rank  # 0.5.17 keeps it on the scheduler
     dp_rank = _rank(parallel, "dp_rank")
     if dp_rank is not None:
         ranks["dp_rank"] = dp_rank
     return ranks
+
+
+def _pp_rank(parallel: Any, ps: Any) -> Any:
+    """The ``pp_rank`` label: the runtime context's, else (0.5.17) the scheduler's."""
+    pp_rank = _rank(parallel, "pp_rank")
+    on_scheduler = getattr(ps, "pp_rank", None)
+    if pp_rank is None and isinstance(on_scheduler, int):
+        return on_scheduler  # 0.5.17 keeps it on the scheduler
+    return pp_rank
 
 
 def _rank(parallel: Any, name: str) -> Any:
@@ -246,6 +267,12 @@ def _create_gauges() -> dict[str, Any] | None:
         return _gauges
 
 
+def _quarantine_gauges() -> dict[str, Any] | None:
+    """The three quarantine gauges by what they count, created on first use (None or
+    empty when they cannot be)."""
+    return _gauges if _gauges is not None else _create_gauges()
+
+
 def set_quarantined(
     backend: str,
     by_peer: Mapping[str, tuple[int, int, int]],
@@ -253,7 +280,7 @@ def set_quarantined(
 ) -> None:
     """Set the quarantine gauges of *backend*: ``peer -> (pages, bytes, overdue holds)``
     (a peer whose holds were all released is passed with zeros)."""
-    gauges = _gauges if _gauges is not None else _create_gauges()
+    gauges = _quarantine_gauges()
     if not gauges:
         return
     try:

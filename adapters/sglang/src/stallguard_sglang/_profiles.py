@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stallguard import Deadline
+from stallguard.adapters import text_table
 
 from ._config import BACKENDS, DECODE_PHASES, LIVE_STATES, Config, DecodeConfig, PrefillConfig
 from .package import nixl_has_bootstrap_timeout, parse_version, sglang_version
@@ -176,8 +177,12 @@ def _fake_has_waiting_timeout(version: str | None) -> bool | None:
     module = sys.modules.get("sglang.srt.disaggregation.fake.conn")
     if module is not None and (version is None or version == sglang_version()):
         return hasattr(module.FakeKVSender, "_check_waiting_timeout")
-    if version is None:
-        return None
+    return None if version is None else _fake_release_has_waiting_timeout(version)
+
+
+def _fake_release_has_waiting_timeout(version: str) -> bool | None:
+    """Whether SGLang *version*'s fake backend has its waiting timeout, as far as the
+    release number tells (None: a release between, where it cannot)."""
     release = parse_version(version)
     if release >= (0, 5, 23):
         return True
@@ -194,6 +199,12 @@ def _native(backend: str, state: str, version: str | None, settings: dict[str, f
         return _native_bootstrapping(backend, version, settings)
     if backend == "fake":
         return _native_fake(version, settings)
+    return _native_transfer(backend, state, settings)
+
+
+def _native_transfer(backend: str, state: str, settings: dict[str, float]) -> str:
+    """What SGLang does about a request of a transferring backend (not fake) stuck in
+    *state* after ``Bootstrapping``."""
     if backend in ("mooncake", "ascend"):
         return (
             f"partly: MC_TRANSFER_TIMEOUT={settings['MC_TRANSFER_TIMEOUT']:g}s per write "
@@ -228,14 +239,12 @@ def _native_fake(version: str | None, settings: dict[str, float]) -> str:
 def _render(deadline: Deadline | None) -> str:
     if deadline is None:
         return "not guarded"
-    if deadline.seconds is None and deadline.stall is None:
-        return "none (explicitly)"
-    parts = []
-    if deadline.seconds is not None:
-        parts.append(f"{deadline.seconds:g}s")
-    if deadline.stall is not None:
-        parts.append(f"stall {deadline.stall:g}s")
-    return ", ".join(parts)
+    parts = [
+        f"{label}{seconds:g}s"
+        for label, seconds in (("", deadline.seconds), ("stall ", deadline.stall))
+        if seconds is not None
+    ]
+    return ", ".join(parts) or "none (explicitly)"
 
 
 @dataclass(frozen=True)
@@ -320,16 +329,9 @@ def format_support_table(
     """The table as aligned text lines, as logged at startup (*second* names the second
     column: ``"policy"`` for :func:`decode_support_table`'s rows)."""
     header = ("queue", second, "state", f"SGLang {version or '?'} bounds it", "stallguard")
-    table = [header] + [(r.queue, r.backend, r.state, r.sglang, r.stallguard) for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    lines = [_aligned(line, widths) for line in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _aligned(cells: tuple[str, ...], widths: list[int]) -> str:
-    """*cells* left-aligned in columns of *widths*, two spaces apart."""
-    return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
+    return text_table(
+        [header, *((r.queue, r.backend, r.state, r.sglang, r.stallguard) for r in rows)]
+    )
 
 
 # --------------------------------------------------------------------------- decode
@@ -379,16 +381,29 @@ def _decode_native(queue: str, phase: str, settings: dict[str, float]) -> list[t
     *phase*) pairs; docs/sglang.md cites the code."""
     seconds = settings["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"]
     waiting = f"SGLANG_DISAGGREGATION_WAITING_TIMEOUT={seconds:g}s"
-    both = "early, prefill_complete"
-    if queue == "prealloc" and phase == "Bootstrapping":
-        return [(both, "no: a room the bootstrap server never learns stays pending")]
-    if queue == "prealloc" and phase == "WaitingForPrefill":
-        return [("prefill_complete", f"yes: {waiting} since init()")]
-    if queue == "prealloc":
-        return [(both, "no: waits for decode memory with no clock")]
-    if phase == "WaitingForInput":
-        return [(both, f"yes: {waiting} since send_metadata, then pages held up to 30s more")]
-    return [(both, "no: Success held back by the metadata gate or HiCache has no clock")]
+    policy, native = _DECODE_NATIVE.get((queue, phase)) or _DECODE_NATIVE[queue, ""]
+    return [(policy, native.format(waiting=waiting))]
+
+
+_BOTH = "early, prefill_complete"
+#: (decode queue, phase; "": any other phase) -> (allocation policy, what SGLang 0.5.23
+#: does about a request stuck there; ``{waiting}``: its waiting timeout)
+_DECODE_NATIVE = {
+    ("prealloc", "Bootstrapping"): (
+        _BOTH,
+        "no: a room the bootstrap server never learns stays pending",
+    ),
+    ("prealloc", "WaitingForPrefill"): ("prefill_complete", "yes: {waiting} since init()"),
+    ("prealloc", ""): (_BOTH, "no: waits for decode memory with no clock"),
+    ("transfer", "WaitingForInput"): (
+        _BOTH,
+        "yes: {waiting} since send_metadata, then pages held up to 30s more",
+    ),
+    ("transfer", ""): (
+        _BOTH,
+        "no: Success held back by the metadata gate or HiCache has no clock",
+    ),
+}
 
 
 def decode_support_table(

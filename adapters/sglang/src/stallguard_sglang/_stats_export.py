@@ -203,22 +203,23 @@ class LaneStats:
 
     def _create_exporter(self) -> StatisticsExporter | None:
         metrics = _created if _created is not None else _create()
-        counters = _metrics.failure_counters()
+        counters = _metrics.failure_counters() or {}
         if metrics is None:
             return None
-        labels = {"queue": self.queue, "backend": self.backend}
-        failure_labels = dict(labels)
-        labels.update((name, str(self.labels.get(name, ""))) for name in _extra)
-        failure_labels.update(
-            (name, str(self.labels.get(name, ""))) for name in _metrics.sglang_label_names()
-        )
         return StatisticsExporter(
             metrics["seconds"],
-            labels=labels,
+            labels=self._labels(_extra),
             deadline=metrics["deadline"],
             completed=metrics["completed"],
             oldest=metrics["oldest"],
-            forced=None if counters is None else counters["forced"],
-            reported=None if counters is None else counters["reported"],
-            failure_labels=failure_labels,
+            forced=counters.get("forced"),
+            reported=counters.get("reported"),
+            failure_labels=self._labels(_metrics.sglang_label_names()),
         )
+
+    def _labels(self, sglang_names: tuple[str, ...]) -> dict[str, str]:
+        """The lane's labels, ``queue`` and ``backend``, then the SGLang labels
+        *sglang_names* (those a metric was created with)."""
+        labels = {"queue": self.queue, "backend": self.backend}
+        labels.update((name, str(self.labels.get(name, ""))) for name in sglang_names)
+        return labels

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from stallguard.adapters import text_table
+
 from ._config import Config
 
 __all__ = ["CoverageRow", "coverage_rows", "format_coverage"]
@@ -131,16 +133,9 @@ def coverage_rows(
 def format_coverage(rows: Iterable[CoverageRow]) -> str:
     """The rows as an aligned text table."""
     head = ("phase", "side", "mode", "waits for", "vLLM 0.33 bound", "stallguard")
-    lines = [head] + [(r.phase, r.side, r.transfer, r.what, r.native, r.stallguard) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = [_aligned(line, widths) for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
-def _aligned(cells: tuple[str, ...], widths: list[int]) -> str:
-    """*cells* left-aligned in columns of *widths*, two spaces apart."""
-    return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
+    return text_table(
+        [head, *((r.phase, r.side, r.transfer, r.what, r.native, r.stallguard) for r in rows)]
+    )
 
 
 def _action(mode: str, deadline: float | None, how: str, *, report_only: bool = False) -> str:

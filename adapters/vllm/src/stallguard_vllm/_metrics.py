@@ -66,6 +66,8 @@ __all__ = [
     "add_to_data",
     "add_to_histogram",
     "exported_counts",
+    "has_ours",
+    "reduce_ours",
     "stats_with_counts",
 ]
 
@@ -75,6 +77,25 @@ _STAYS = "stallguard_stays"
 #: data key: a list of quarantine snapshots (each ``[[peer, holds, blocks, bytes,
 #: overdue], ...]``), the last one current
 _QUARANTINE = "stallguard_quarantine"
+#: every data key stallguard adds to a connector's stats (each a list)
+_OURS = (*_KEYS.values(), _QUARANTINE, _STAYS)
+
+
+def has_ours(data: dict[str, Any]) -> bool:
+    """Whether a stats' *data* carries anything of stallguard's (an expiry, a
+    quarantine snapshot, a time-in-state export)."""
+    return any(data.get(k) for k in _OURS)
+
+
+def reduce_ours(data: dict[str, Any], out: dict[str, int | float]) -> dict[str, int | float]:
+    """*out* (a stats' ``reduce()``) with stallguard's figures from its *data* added:
+    the expiries, and the blocks quarantined now (if a snapshot came)."""
+    out["stallguard forced failures"] = len(data.get("stallguard_forced", ()))
+    out["stallguard stalls reported"] = len(data.get("stallguard_reported", ()))
+    snapshots = data.get(_QUARANTINE) or ()
+    if snapshots:
+        out["stallguard quarantined blocks"] = sum(int(r[2]) for r in snapshots[-1])
+    return out
 
 
 class StallguardNixlStats(NixlKVConnectorStats):
@@ -92,12 +113,7 @@ class StallguardNixlStats(NixlKVConnectorStats):
             self.data.setdefault(key, [])
 
     def is_empty(self) -> bool:
-        return (
-            super().is_empty()
-            and not any(self.data.get(k) for k in _KEYS.values())
-            and not self.data.get(_QUARANTINE)
-            and not self.data.get(_STAYS)
-        )
+        return super().is_empty() and not has_ours(self.data)
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         if not other.is_empty():
@@ -106,13 +122,7 @@ class StallguardNixlStats(NixlKVConnectorStats):
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        out: dict[str, int | float] = dict(super().reduce())
-        out["stallguard forced failures"] = len(self.data.get("stallguard_forced", ()))
-        out["stallguard stalls reported"] = len(self.data.get("stallguard_reported", ()))
-        snapshots = self.data.get(_QUARANTINE) or ()
-        if snapshots:
-            out["stallguard quarantined blocks"] = sum(int(r[2]) for r in snapshots[-1])
-        return out
+        return reduce_ours(self.data, dict(super().reduce()))
 
 
 def stats_with_counts(

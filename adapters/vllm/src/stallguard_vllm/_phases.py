@@ -331,8 +331,11 @@ class PhaseTracker:
         return out
 
     def _watchdogs(self) -> tuple[Watchdog[str], ...]:
-        holds = () if self.holds is None else (self.holds,)
-        return (self.queue, self.transfers, *holds)
+        return (self.queue, self.transfers, *self._holds())
+
+    def _holds(self) -> tuple[Watchdog[str], ...]:
+        """The prefill holds' watchdog, if there is one (report-only holds)."""
+        return () if self.holds is None else (self.holds,)
 
     def take_stays(self, now: float | None = None) -> list[list[Any]] | None:
         """Time in state for the metrics, at most once per ``EXPORT_PERIOD`` (1 s): one
@@ -348,10 +351,7 @@ class PhaseTracker:
         self._stays_due = now + EXPORT_PERIOD
         rows: list[list[Any]] = []
         for wd in (self.queue, self.transfers):
-            ages = {
-                label: summary.oldest_age or 0.0
-                for label, summary in wd.snapshot(requests=False, now=now).states.items()
-            }
+            ages = _oldest_ages(wd, now)
             rows += [
                 self._stays_row(label, st, ages.get(label, 0.0))
                 for label, st in wd.statistics().states.items()
@@ -385,15 +385,14 @@ class PhaseTracker:
         """The phase *rid* is tracked in (None: not tracked)."""
         if rid in self.quarantine:
             return QUARANTINED
-        state = self.transfers.state_of(rid)
-        if state is None:
-            state = self.queue.state_of(rid)
-        if state is None and self.holds is not None:
-            state = self.holds.state_of(rid)
-        return None if state is None else str(state)
+        for wd in (self.transfers, self.queue, *self._holds()):
+            state = wd.state_of(rid)
+            if state is not None:
+                return str(state)
+        return None
 
     def __len__(self) -> int:
-        return len(self.transfers) + len(self.queue) + (len(self.holds) if self.holds else 0)
+        return sum(map(len, self._watchdogs()))
 
     # ------------------------------------------------------------------ internals
 
@@ -421,3 +420,9 @@ class PhaseTracker:
             **self.attributes,
         }
         wd.annotate(rid, attributes=attributes, trace_parent=trace_headers or None)
+
+
+def _oldest_ages(wd: Watchdog[str], now: float) -> dict[str, float]:
+    """The age of the oldest request in each of *wd*'s phases at *now* (0: none in it)."""
+    summaries = wd.snapshot(requests=False, now=now).states
+    return {label: summary.oldest_age or 0.0 for label, summary in summaries.items()}

@@ -19,7 +19,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
-from ._metrics import _KEYS, _QUARANTINE, _STAYS, StallguardSeries, add_to_data, exported_counts
+from ._metrics import (
+    _KEYS,
+    _OURS,
+    _QUARANTINE,
+    _STAYS,
+    StallguardSeries,
+    add_to_data,
+    exported_counts,
+    has_ours,
+    reduce_ours,
+)
 
 __all__ = ["INNER_CLASS", "INNER_DATA", "StallguardPromMetrics", "StallguardStats"]
 
@@ -61,11 +71,7 @@ class StallguardStats(KVConnectorStats):
             self.data[INNER_DATA] = inner.data
 
     def is_empty(self) -> bool:
-        if (
-            any(self.data.get(k) for k in _KEYS.values())
-            or self.data.get(_QUARANTINE)
-            or self.data.get(_STAYS)
-        ):
+        if has_ours(self.data):
             return False
         inner = _inner_stats(self.data)
         return inner is None or inner.is_empty()
@@ -74,28 +80,27 @@ class StallguardStats(KVConnectorStats):
         if other.is_empty():
             return self
         data = other.data
-        for key in (*_KEYS.values(), _QUARANTINE, _STAYS):
+        for key in _OURS:
             if data.get(key):
                 self.data.setdefault(key, []).extend(data[key])
         theirs = _inner_stats(data) if isinstance(other, StallguardStats) else other
         if theirs is not None and not theirs.is_empty():
-            mine = _inner_stats(self.data)
-            if mine is None:
-                self.data[INNER_DATA] = dict(theirs.data)
-                self.data[INNER_CLASS] = data.get(INNER_CLASS)
-            else:
-                self.data[INNER_DATA] = mine.aggregate(theirs).data
+            self._aggregate_inner(theirs, data.get(INNER_CLASS))
         return self
+
+    def _aggregate_inner(self, theirs: KVConnectorStats, inner_class: object) -> None:
+        """Add *theirs*, another inner connector's stats (of *inner_class*), to this
+        one's inner stats (theirs become them if this one has none yet)."""
+        mine = _inner_stats(self.data)
+        if mine is None:
+            self.data[INNER_DATA] = dict(theirs.data)
+            self.data[INNER_CLASS] = inner_class
+        else:
+            self.data[INNER_DATA] = mine.aggregate(theirs).data
 
     def reduce(self) -> dict[str, int | float]:
         inner = _inner_stats(self.data)
-        out: dict[str, int | float] = dict(inner.reduce()) if inner is not None else {}
-        out["stallguard forced failures"] = len(self.data.get("stallguard_forced", ()))
-        out["stallguard stalls reported"] = len(self.data.get("stallguard_reported", ()))
-        snapshots = self.data.get(_QUARANTINE) or ()
-        if snapshots:
-            out["stallguard quarantined blocks"] = sum(int(r[2]) for r in snapshots[-1])
-        return out
+        return reduce_ours(self.data, dict(inner.reduce()) if inner is not None else {})
 
 
 def stats_with_counts(

@@ -540,39 +540,41 @@ class StallguardConnector(KVConnectorBase_V1, SupportsHMA):
     def on_new_request(self, request: Request) -> None:
         self._sg_inner.on_new_request(request)
         sg = self.stallguard
-        if sg is not None:
-            params = request.kv_transfer_params
-            if params and params.get("do_remote_prefill"):
-                sg.queued(request.request_id, trace_headers=_headers(request))
+        if sg is not None and _remote_peer(request.kv_transfer_params) is not None:
+            sg.queued(request.request_id, trace_headers=_headers(request))
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         sg = self.stallguard
-        params = request.kv_transfer_params
-        remote = sg is not None and bool(params) and bool(params.get("do_remote_prefill"))
-        peer = str(params.get("remote_engine_id", "")) if remote and params else ""
+        # read before the inner connector's own update (NIXL's clears do_remote_prefill)
+        peer = _remote_peer(request.kv_transfer_params) if sg is not None else None
         self._sg_inner.update_state_after_alloc(request, blocks, num_external_tokens)
-        if remote:
-            assert sg is not None
-            if num_external_tokens > 0:
-                blocks_held = sum(len(ids) for ids in blocks.get_block_ids())
-                if self._sg_recv_blocks is not None:
-                    # the blocks allocated for the remote tokens (a local prefix hit
-                    # shares its blocks with other requests: not those)
-                    self._sg_recv_blocks[request.request_id] = tuple(
-                        blocks.get_unhashed_block_ids()
-                    )
-                sg.receiving(
-                    request.request_id,
-                    trace_headers=_headers(request),
-                    peer=peer,
-                    blocks=blocks_held,
-                    nbytes=blocks_held * self._sg_block_bytes,
-                )
-            else:
-                sg.not_receiving(request.request_id)
-                self._sg_forget_blocks(request.request_id)
+        if sg is None or peer is None:
+            return
+        if num_external_tokens > 0:
+            self._sg_receiving(sg, request, blocks, peer)
+        else:
+            sg.not_receiving(request.request_id)
+            self._sg_forget_blocks(request.request_id)
+
+    def _sg_receiving(
+        self, sg: PhaseTracker, request: Request, blocks: KVCacheBlocks, peer: str
+    ) -> None:
+        """*request* receives its remote tokens from *peer* into *blocks*: tracked as
+        receiving, with the blocks (and bytes) a late write could reach."""
+        blocks_held = sum(len(ids) for ids in blocks.get_block_ids())
+        if self._sg_recv_blocks is not None:
+            # the blocks allocated for the remote tokens (a local prefix hit
+            # shares its blocks with other requests: not those)
+            self._sg_recv_blocks[request.request_id] = tuple(blocks.get_unhashed_block_ids())
+        sg.receiving(
+            request.request_id,
+            trace_headers=_headers(request),
+            peer=peer,
+            blocks=blocks_held,
+            nbytes=blocks_held * self._sg_block_bytes,
+        )
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -803,6 +805,14 @@ def _block_bytes(kv_cache_config: KVCacheConfig) -> int:
     except (AttributeError, TypeError, ValueError):
         return 0
     return total
+
+
+def _remote_peer(params: Mapping[str, Any] | None) -> str | None:
+    """The remote prefill's engine id if a request's ``kv_transfer_params`` (*params*)
+    ask for its KV from a remote prefill (``do_remote_prefill``), else None."""
+    if not params or not params.get("do_remote_prefill"):
+        return None
+    return str(params.get("remote_engine_id", ""))
 
 
 def _headers(request: Request) -> Mapping[str, str] | None:
