@@ -69,9 +69,10 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import _delivery, _registry
+from ._accel import mypyc_attr
 from ._delivery import Listener, Plan, describe_hook
 from ._details import Expiry, Mode, new_expiry
 from ._errors import ConfigError
@@ -114,16 +115,6 @@ _INF = math.inf
 #: ``latest <= reading < inf``, the fast path's test, refuses -inf, NaN and +inf)
 _EARLIEST = -sys.float_info.max
 _by_due = operator.itemgetter(0)
-
-
-if TYPE_CHECKING:
-    from mypy_extensions import mypyc_attr
-else:
-
-    def mypyc_attr(**_flags: object) -> Callable[[type], type]:
-        """mypyc's class flags: read by mypyc when it compiles this module, nothing
-        when it runs as Python (mypy_extensions is not a dependency)."""
-        return lambda cls: cls
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
