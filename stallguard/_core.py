@@ -68,7 +68,7 @@ import operator
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from . import _delivery, _registry
@@ -108,7 +108,8 @@ __all__ = ["WatchdogCore"]
 
 log = logging.getLogger("stallguard")
 
-K = TypeVar("K", bound=Hashable)
+#: a request key (any hashable; ``Watchdog`` is generic in it, the core is not)
+K = Any
 
 _INF = math.inf
 #: where ``Watchdog._latest`` starts: below every finite reading, and not -inf (so that
@@ -118,9 +119,12 @@ _by_due = operator.itemgetter(0)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class WatchdogCore(Generic[K]):
+class WatchdogCore:
     """What :class:`~stallguard.Watchdog` tracks and decides; see the module's
-    docstring. Its public methods are the watchdog's (documented there). Arguments the
+    docstring. Not generic (``Watchdog`` is): a compiled class with a Python base
+    (``typing.Generic``) gets a ``__weakref__`` slot whose references its deallocator
+    never clears (mypyc#1102); without one, the interpreted ``Watchdog`` adds its own,
+    which CPython clears. Its public methods are the watchdog's (documented there). Arguments the
     library checks itself are typed ``object`` or ``Any`` here (``Watchdog`` gives type checkers
     their real types): compiled, mypyc checks every other argument's type on entry,
     with its own ``TypeError``, before the library could raise its named error."""

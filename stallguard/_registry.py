@@ -64,7 +64,7 @@ def invalidate() -> None:
         _active = None
 
 
-def register_watchdog(core: WatchdogCore[Any]) -> None:
+def register_watchdog(core: WatchdogCore) -> None:
     """Called by every :class:`~stallguard.Watchdog` at the end of its construction."""
     watchdog = cast("Watchdog[Any]", core)  # (only Watchdog instances are ever made)
     with lock:  # atomic with enable_metrics()' switch: no watchdog missed or done twice

@@ -13,7 +13,7 @@ instances of this class only. docs/performance.md ("The compiled core") says mor
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _delivery, _guard, _views
 from ._core import WatchdogCore
@@ -27,7 +27,7 @@ __all__ = ["Listener", "Watchdog"]
 K = TypeVar("K", bound=Hashable)
 
 
-class Watchdog(WatchdogCore[K]):
+class Watchdog(WatchdogCore, Generic[K]):
     """Tracks live requests through the states of a :class:`~stallguard.Spec` and fails
     the ones that overstay a deadline, exactly once.
 
@@ -108,20 +108,22 @@ class Watchdog(WatchdogCore[K]):
         def heartbeat(self, key: K, *, at: float | None = None) -> bool: ...
         def forget(self, key: K, *, remember: bool = True) -> bool: ...
         def check(self, now: float | None = None) -> list[Expiry[K]]: ...
+        def expired(self, key: K) -> bool: ...
+        def state_of(self, key: K) -> State | None: ...
 
     else:
         observe = WatchdogCore.observe
         heartbeat = WatchdogCore.heartbeat
         forget = WatchdogCore.forget
         check = WatchdogCore.check
+        expired = WatchdogCore.expired
+        state_of = WatchdogCore.state_of
 
     spec = WatchdogCore.spec
     mode = WatchdogCore.mode
     options = WatchdogCore.options
     clock = WatchdogCore.clock
     next_deadline = WatchdogCore.next_deadline
-    expired = WatchdogCore.expired
-    state_of = WatchdogCore.state_of
 
     # ------------------------------------------------------------------ listeners
 
