@@ -33,6 +33,8 @@ if _COMPILED:
             f"STALLGUARD_TEST_COMPILED={_COMPILED}: stallguard was imported before the "
             f"root conftest.py ran, from {sys.modules['stallguard'].__file__}"
         )
+    if not os.path.isfile(os.path.join(_COMPILED, "stallguard", "__init__.py")):
+        raise RuntimeError(f"STALLGUARD_TEST_COMPILED={_COMPILED}: no stallguard package there")
     sys.path.insert(0, os.path.abspath(_COMPILED))
 
 # stallguard-vllm is installed (editable) only in .venv-vllm, but its pure-Python parts
