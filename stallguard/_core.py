@@ -69,7 +69,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from . import _delivery, _registry
 from ._accel import mypyc_attr

@@ -3,11 +3,12 @@ hatch_build.py and docs/performance.md, "The compiled core").
 
 `tools/dev.py test` runs the core tests twice: on the sources, and on a compiled build
 (``STALLGUARD_TEST_COMPILED=<build directory>``: the root conftest.py puts the build's
-copy of the package first on the path). These tests say which build runs, and fail when it is not the one the run expects
-(the control: a run meant for the compiled build that silently imported the sources
-would otherwise pass on the sources); and they check what the compiled build could get
-wrong: the library's own errors for the arguments it validates, the weak references to
-watchdogs (mypyc#1102), the methods bound from other modules.
+copy of the package first on the path). These tests say which build runs, and fail
+when it is not the one the run expects (the control: a run meant for the compiled
+build that silently imported the sources would otherwise pass on the sources); and
+they check what the compiled build could get wrong: the library's own errors for the
+arguments it validates, the weak references to watchdogs (mypyc#1102), the methods
+bound from other modules.
 """
 
 from __future__ import annotations
