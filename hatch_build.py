@@ -99,12 +99,18 @@ def _wheel_hook() -> type:
         def initialize(self, version: str, build_data: dict[str, Any]) -> None:
             if not self._wanted(version):
                 return
-            out = Path(self.directory) / "mypyc-build"
+            self._tmp = tempfile.TemporaryDirectory(prefix="stallguard-wheel-")
+            out = Path(self._tmp.name)
             for path in compile_core(Path(self.root) / "stallguard", out):
                 rel = path.relative_to(out).as_posix()
                 build_data["force_include"][str(path)] = rel
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
+
+        def finalize(self, version: str, build_data: dict[str, Any], artifact: str) -> None:
+            tmp = getattr(self, "_tmp", None)
+            if tmp is not None:
+                tmp.cleanup()
 
     return CompiledCore
 

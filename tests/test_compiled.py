@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import weakref
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -64,11 +65,12 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(os.path.dirname(stallguard.__file__)), environ.get("PYTHONPATH", "")]
     )
-    return subprocess.run(
-        [sys.executable, "-P", "-c", textwrap.dedent(code)],
+    return subprocess.run(  # (not from the checkout: its sources would come first)
+        [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         env=environ,
+        cwd=tempfile.gettempdir(),
         timeout=240,
     )
 
