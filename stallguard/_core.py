@@ -69,7 +69,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from . import _delivery, _registry
 from ._accel import mypyc_attr
@@ -111,10 +111,10 @@ log = logging.getLogger("stallguard")
 #: a request key (any hashable; ``Watchdog`` is generic in it, the core is not)
 K = Any
 
-_INF = math.inf
+_INF: Final = math.inf
 #: where ``Watchdog._latest`` starts: below every finite reading, and not -inf (so that
 #: ``latest <= reading < inf``, the fast path's test, refuses -inf, NaN and +inf)
-_EARLIEST = -sys.float_info.max
+_EARLIEST: Final = -sys.float_info.max
 _by_due = operator.itemgetter(0)
 
 
@@ -272,11 +272,12 @@ class WatchdogCore:
         left: tuple[str, float] | None = None
         with self._lock:
             # Read under the lock, where the FIFOs' order is decided (see _read).
-            now = self._clock()
-            if now.__class__ is float and self._latest <= now < _INF:
+            reading = self._clock()
+            if type(reading) is float and self._latest <= reading < _INF:
+                now: float = reading
                 self._latest = now
             else:
-                now = self._read(now)
+                now = self._read(reading)
             if at is not None:
                 now = check_at(at, now)
             if rec is None or rec.gen == DEAD:
@@ -399,11 +400,12 @@ class WatchdogCore:
         """
         woke = False
         with self._lock:
-            now = self._clock()  # under the lock, as in observe()
-            if now.__class__ is float and self._latest <= now < _INF:
+            reading = self._clock()  # under the lock, as in observe()
+            if type(reading) is float and self._latest <= reading < _INF:
+                now: float = reading
                 self._latest = now
             else:
-                now = self._read(now)
+                now = self._read(reading)
             if at is not None:
                 now = check_at(at, now)
             try:
@@ -450,11 +452,12 @@ class WatchdogCore:
                 elif key not in self._gone:
                     self._bury(key, CONCLUDED)
                 return False
-            now = self._clock()  # (read before anything changes: it may be refused)
-            if now.__class__ is float and self._latest <= now < _INF:
+            reading = self._clock()  # (read before anything changes: it may be refused)
+            if type(reading) is float and self._latest <= reading < _INF:
+                now: float = reading
                 self._latest = now
             else:
-                now = self._read(now)
+                now = self._read(reading)
             slot = rec.slot
             if slot.parked:
                 slot.parked.pop(rec, None)
