@@ -52,8 +52,11 @@ def compile_core(package: Path, out: Path, *, quiet: bool = True) -> list[Path]:
         os.chdir(package.parent)
         try:
             paths = [f"{package.name}/{name}.py" for name in COMPILED]
+            # (a package copied under another name, e.g. the benchmarks' side-by-side
+            # copy, gets its own library: <name>/core__mypyc)
+            group = GROUP if package.name == "stallguard" else f"{package.name}.core"
             extensions = mypycify(
-                paths, opt_level="3", group_name=GROUP, target_dir=str(Path(tmp) / "c")
+                paths, opt_level="3", group_name=group, target_dir=str(Path(tmp) / "c")
             )
             dist = Distribution({"name": "stallguard", "ext_modules": extensions})
             dist.script_name = "hatch_build.py"

@@ -65,6 +65,41 @@ def load_previous(rev: str) -> Any:
     return module
 
 
+def load_compiled() -> Any:
+    """This checkout's package with the compiled core (hatch_build.py, mypyc), imported
+    as ``stallguard_compiled`` beside the sources (``stallguard``), so that the two
+    alternate in one process. The build is cached in build/bench-compiled/ and redone
+    when a file of the package changes (~40-60 s)."""
+    import hashlib
+    import shutil
+
+    sys.path.insert(0, str(HERE.parent))
+    import hatch_build
+
+    source = HERE.parent / "stallguard"
+    files = sorted(p for p in source.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for path in [*files, HERE.parent / "hatch_build.py"]:
+        digest.update(str(path.relative_to(HERE.parent)).encode() + path.read_bytes())
+    key = f"{digest.hexdigest()[:16]} {sys.version}"
+    root = HERE.parent / "build" / "bench-compiled"
+    stamp = root / "key"
+    if not (stamp.is_file() and stamp.read_text() == key):
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(
+            source, root / "stallguard_compiled", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        print("# compiling the core with mypyc (build/bench-compiled) ...", flush=True)
+        hatch_build.compile_core(root / "stallguard_compiled", root)
+        stamp.write_text(key)
+    sys.path.insert(0, str(root))
+    module = importlib.import_module("stallguard_compiled")
+    if not module.__compiled__:
+        raise SystemExit(f"the compiled build does not run: {module._accel.WHY}")
+    module.instrumentation.set_on_expire_hooks([])
+    return module
+
+
 class Arm:
     """A watchdog of either package, driven directly."""
 
