@@ -287,98 +287,18 @@ class WatchdogCore:
             pending = self._next_due  # lowered below if an earlier deadline appears
             if rec is None:
                 if slot.terminal or key in self._gone:
-                    self._unseen(key, slot)
+                    _unseen(self, key, slot)
                     return
                 rec = self._where[key] = Rec(key, NEW, now)
                 due = self._young.add(rec, now, at is None)  # (its lifetime's due)
                 if due < self._next_due:
                     self._next_due = due
-                self._change(rec, slot, now, at is None)
+                _change(self, rec, slot, now, at is None)
             elif rec.slot is not slot:
-                left = self._change(rec, slot, now, at is None)
+                left = _change(self, rec, slot, now, at is None)
             woke = self._next_due < pending
         if left is not None or woke:
-            self._tell(left, woke)
-
-    def _unseen(self, key: K, slot: Slot) -> None:
-        """An observe of *key*, untracked, in *slot* (lock held): a terminal first
-        sight is remembered as concluded; a key that concluded is a late event."""
-        if slot.terminal:
-            how = self._gone.get(key)
-            if how is None:
-                self._bury(key, CONCLUDED)
-            elif how is EXPIRED:  # the request was failed: its end comes late
-                self._late += 1
-        else:
-            self._late += 1
-
-    def _change(self, rec: Rec, slot: Slot, now: float, ordered: bool) -> tuple[str, float] | None:
-        """*rec* leaves its state (:data:`~stallguard._fifo.NEW` for a new record) for
-        *slot* at *now* (lock held): its time in the state is recorded, then a terminal
-        *slot* untracks it; a live one is entered: its starts on the state's clock and
-        progress window (*ordered*: *now* is the latest reading, no clock has a later
-        start), and, admitted, a new generation and their entries, with ``_next_due``
-        lowered to their deadlines. Returns the leave notification (None without leave
-        listeners). (One function, not two: a call less on the hottest path.)"""
-        if not ordered:
-            now = max(now, rec.since)  # a state never starts before the one it ends
-        old = rec.slot
-        if old.parked:
-            old.parked.pop(rec, None)
-        hist = old.hist
-        if hist is not None:  # time in state (statistics=True)
-            hist.add(now - rec.since)
-        left = (old.label, now - rec.since) if self._leave_listeners else None
-        if slot.terminal:
-            stats = self._stats
-            if stats is not None and stats._reported:  # how a reported one ended
-                stats.ended(rec.key, slot.state)
-            self._untrack(rec, CONCLUDED)
-        else:
-            rec.slot = slot
-            start = now
-            timer = slot.timer
-            if rec.young:  # no entry, no new generation: its start only (_fifo.Young)
-                if timer is not None:
-                    if ordered:  # (no start on the clock is later)
-                        timer.last = now
-                    else:
-                        start = timer.start(now, False)
-                    due = start + timer.seconds
-                    if due < self._next_due:
-                        self._next_due = due
-                rec.since = start
-                stalls = slot.stalls
-                if stalls is not None:
-                    beat = rec.beat = stalls.start(now, ordered)
-                    due = beat + stalls.seconds
-                    if due < self._next_due:
-                        self._next_due = due
-                return None if old is NEW else left
-            gen = rec.gen = rec.gen + 1
-            if timer is not None:
-                start = timer.push(now, rec, gen, ordered)
-                due = start + timer.seconds
-                if due < self._next_due:
-                    self._next_due = due
-            rec.since = start
-            stalls = slot.stalls
-            if stalls is not None:
-                beat = rec.beat = stalls.push(now, rec, gen, ordered)
-                due = beat + stalls.seconds
-                if due < self._next_due:
-                    self._next_due = due
-        return None if old is NEW else left
-
-    def _tell(self, left: tuple[str, float] | None, woke: bool) -> None:
-        """After a state change, outside the lock: the leave listeners, then (also if
-        one of them raised a ``BaseException``) the wake-up listeners."""
-        try:
-            if left is not None:
-                _delivery.notify_leave(self, left)
-        finally:
-            if woke and self._wake_listeners:
-                _delivery.notify_wake(self)
+            _tell(self, left, woke)
 
     def heartbeat(self, key: K, *, at: Any = None) -> bool:
         """Record progress for *key*: renews the progress (``stall``) window of its
@@ -450,7 +370,7 @@ class WatchdogCore:
                 if not remember:
                     self._gone.pop(key, None)
                 elif key not in self._gone:
-                    self._bury(key, CONCLUDED)
+                    _bury(self, key, CONCLUDED)
                 return False
             reading = self._clock()  # (read before anything changes: it may be refused)
             if type(reading) is float and self._latest <= reading < _INF:
@@ -469,7 +389,7 @@ class WatchdogCore:
                 stats.left(slot.state, seconds)
                 stats.ended(key, None)
             # (not remembered: never buried, so no older key's memory is pushed out)
-            self._untrack(rec, CONCLUDED if remember else None)
+            _untrack(self, rec, CONCLUDED if remember else None)
         if left is not None:
             _delivery.notify_leave(self, left)
         return True
@@ -533,7 +453,7 @@ class WatchdogCore:
             carry = self._carry
             if carry:
                 self._carry = []
-            expiries, left = self._collect(now)
+            expiries, left = _collect(self, now)
         return _delivery.dispatch(self, expiries, left, carry)
 
     def next_deadline(self) -> float | None:
@@ -595,72 +515,165 @@ class WatchdogCore:
         with self._lock:
             self._runner_errors += 1
 
-    def _untrack(self, rec: Rec, how: bool | None) -> None:
-        """Drop every trace of *rec* but its key's tombstone (*how*; None: none) (lock
-        held). Its FIFO entries go stale."""
-        rec.gen = DEAD
-        rec.note = None
-        del self._where[rec.key]
-        if rec.young:
-            self._young.gone()
-        if how is not None:
-            self._bury(rec.key, how)
 
-    def _bury(self, key: K, how: bool) -> None:
-        gone = self._gone
-        gone[key] = how
-        if len(gone) > self._memory:
-            gone.popitem(last=False)
+# The class's helpers, module functions: compiled, a call of one is a direct C call (a
+# method called on an instance of Watchdog, an interpreted subclass, is looked up by
+# name and called through Python: docs/performance.md, "The compiled core").
 
-    def _collect(self, now: float) -> tuple[list[Expiry[K]], list[tuple[str, float]]]:
-        """Find and retire everything due at *now* (lock held). Enforce: one expiry per
-        request, for its earliest overdue deadline. Report: every overdue (request,
-        deadline) pair, each once."""
-        found: list[tuple[float, Rec, Clock, float]] = []
-        bound = self._young.admit(now)  # (a bound on the young ones' dues)
-        next_due = min(pop_due(self._clocks, now, found), bound)
-        expiries: list[Expiry[K]] = []
-        left: list[tuple[str, float]] = []
-        if found:
-            if len(found) > 1:
-                found.sort(key=_by_due)  # stable: clock order among equal due times
-            enforce = self._mode == "enforce"
-            listening = bool(self._leave_listeners)
-            stats = self._stats
-            spec = self._spec.name
-            mode = self._mode
-            append = expiries.append
-            for _due, rec, clock, start in found:
-                if rec.gen == DEAD:  # enforce: already expired by an earlier deadline
-                    continue
-                slot = rec.slot
-                note = rec.note
-                expiry = new_expiry(
-                    rec.key,
-                    spec,
-                    slot.state,
-                    start,
-                    now - start,
-                    clock.seconds,
-                    clock.reason,
-                    mode,
-                    {} if note is None else dict(note.attributes),
-                    None if note is None else note.parent,
-                    () if note is None else note.links,
-                )
-                append(expiry)
+
+def _unseen(wd: WatchdogCore, key: K, slot: Slot) -> None:
+    """An observe of *key*, untracked, in *slot* (lock held): a terminal first
+    sight is remembered as concluded; a key that concluded is a late event."""
+    if slot.terminal:
+        how = wd._gone.get(key)
+        if how is None:
+            _bury(wd, key, CONCLUDED)
+        elif how is EXPIRED:  # the request was failed: its end comes late
+            wd._late += 1
+    else:
+        wd._late += 1
+
+
+def _change(
+    wd: WatchdogCore, rec: Rec, slot: Slot, now: float, ordered: bool
+) -> tuple[str, float] | None:
+    """*rec* leaves its state (:data:`~stallguard._fifo.NEW` for a new record) for
+    *slot* at *now* (lock held): its time in the state is recorded, then a terminal
+    *slot* untracks it; a live one is entered: its starts on the state's clock and
+    progress window (*ordered*: *now* is the latest reading, no clock has a later
+    start), and, admitted, a new generation and their entries, with ``_next_due``
+    lowered to their deadlines. Returns the leave notification (None without leave
+    listeners). (One function, not two: a call less on the hottest path.)"""
+    if not ordered:
+        now = max(now, rec.since)  # a state never starts before the one it ends
+    old = rec.slot
+    if old.parked:
+        old.parked.pop(rec, None)
+    hist = old.hist
+    if hist is not None:  # time in state (statistics=True)
+        hist.add(now - rec.since)
+    left = (old.label, now - rec.since) if wd._leave_listeners else None
+    if slot.terminal:
+        stats = wd._stats
+        if stats is not None and stats._reported:  # how a reported one ended
+            stats.ended(rec.key, slot.state)
+        _untrack(wd, rec, CONCLUDED)
+    else:
+        rec.slot = slot
+        start = now
+        timer = slot.timer
+        if rec.young:  # no entry, no new generation: its start only (_fifo.Young)
+            if timer is not None:
+                if ordered:  # (no start on the clock is later)
+                    timer.last = now
+                else:
+                    start = timer.start(now, False)
+                due = start + timer.seconds
+                if due < wd._next_due:
+                    wd._next_due = due
+            rec.since = start
+            stalls = slot.stalls
+            if stalls is not None:
+                beat = rec.beat = stalls.start(now, ordered)
+                due = beat + stalls.seconds
+                if due < wd._next_due:
+                    wd._next_due = due
+            return None if old is NEW else left
+        gen = rec.gen = rec.gen + 1
+        if timer is not None:
+            start = timer.push(now, rec, gen, ordered)
+            due = start + timer.seconds
+            if due < wd._next_due:
+                wd._next_due = due
+        rec.since = start
+        stalls = slot.stalls
+        if stalls is not None:
+            beat = rec.beat = stalls.push(now, rec, gen, ordered)
+            due = beat + stalls.seconds
+            if due < wd._next_due:
+                wd._next_due = due
+    return None if old is NEW else left
+
+
+def _tell(wd: WatchdogCore, left: tuple[str, float] | None, woke: bool) -> None:
+    """After a state change, outside the lock: the leave listeners, then (also if
+    one of them raised a ``BaseException``) the wake-up listeners."""
+    try:
+        if left is not None:
+            _delivery.notify_leave(wd, left)
+    finally:
+        if woke and wd._wake_listeners:
+            _delivery.notify_wake(wd)
+
+
+def _untrack(wd: WatchdogCore, rec: Rec, how: bool | None) -> None:
+    """Drop every trace of *rec* but its key's tombstone (*how*; None: none) (lock
+    held). Its FIFO entries go stale."""
+    rec.gen = DEAD
+    rec.note = None
+    del wd._where[rec.key]
+    if rec.young:
+        wd._young.gone()
+    if how is not None:
+        _bury(wd, rec.key, how)
+
+
+def _bury(wd: WatchdogCore, key: K, how: bool) -> None:
+    gone = wd._gone
+    gone[key] = how
+    if len(gone) > wd._memory:
+        gone.popitem(last=False)
+
+
+def _collect(wd: WatchdogCore, now: float) -> tuple[list[Expiry[K]], list[tuple[str, float]]]:
+    """Find and retire everything due at *now* (lock held). Enforce: one expiry per
+    request, for its earliest overdue deadline. Report: every overdue (request,
+    deadline) pair, each once."""
+    found: list[tuple[float, Rec, Clock, float]] = []
+    bound = wd._young.admit(now)  # (a bound on the young ones' dues)
+    next_due = min(pop_due(wd._clocks, now, found), bound)
+    expiries: list[Expiry[K]] = []
+    left: list[tuple[str, float]] = []
+    if found:
+        if len(found) > 1:
+            found.sort(key=_by_due)  # stable: clock order among equal due times
+        enforce = wd._mode == "enforce"
+        listening = bool(wd._leave_listeners)
+        stats = wd._stats
+        spec = wd._spec.name
+        mode = wd._mode
+        append = expiries.append
+        for _due, rec, clock, start in found:
+            if rec.gen == DEAD:  # enforce: already expired by an earlier deadline
+                continue
+            slot = rec.slot
+            note = rec.note
+            expiry = new_expiry(
+                rec.key,
+                spec,
+                slot.state,
+                start,
+                now - start,
+                clock.seconds,
+                clock.reason,
+                mode,
+                {} if note is None else dict(note.attributes),
+                None if note is None else note.parent,
+                () if note is None else note.links,
+            )
+            append(expiry)
+            if stats is not None:
+                stats.fired(rec.key, slot.state, enforce, clock.reason)
+            if enforce:
+                if slot.parked:
+                    slot.parked.pop(rec, None)
                 if stats is not None:
-                    stats.fired(rec.key, slot.state, enforce, clock.reason)
-                if enforce:
-                    if slot.parked:
-                        slot.parked.pop(rec, None)
-                    if stats is not None:
-                        stats.left(slot.state, now - rec.since)
-                    if listening:
-                        left.append((slot.label, now - rec.since))
-                    self._untrack(rec, EXPIRED)
-                elif clock is slot.timer:
-                    slot.parked[rec] = start
-        self._expired += len(expiries)
-        self._next_due = next_due
-        return expiries, left
+                    stats.left(slot.state, now - rec.since)
+                if listening:
+                    left.append((slot.label, now - rec.since))
+                _untrack(wd, rec, EXPIRED)
+            elif clock is slot.timer:
+                slot.parked[rec] = start
+    wd._expired += len(expiries)
+    wd._next_due = next_due
+    return expiries, left
