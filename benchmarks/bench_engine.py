@@ -289,6 +289,16 @@ def main() -> int:
     )
     parser.add_argument("--previous", default="0b9bc74", help="git revision of the previous engine")
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the 'previous' arm is this checkout's core compiled with mypyc (load_compiled)",
+    )
+    parser.add_argument(
+        "--this-compiled",
+        action="store_true",
+        help="the 'stallguard' arm is this checkout's compiled core (against --previous)",
+    )
+    parser.add_argument(
         "--timer",
         choices=("wall", "cpu"),
         default="wall",
@@ -305,10 +315,11 @@ def main() -> int:
         for s in (args.sizes or ("100,1000" if args.quick else "1000,10000,100000")).split(",")
     ]
     set_on_expire_hooks([])
-    prev = load_previous(args.previous)
-    print(
-        "# deadline engine: this checkout vs", args.previous, "(arms alternating batch by batch)\n"
-    )
+    this = load_compiled() if args.this_compiled else sg
+    prev = load_compiled() if args.compiled else load_previous(args.previous)
+    other = "this checkout compiled (mypyc)" if args.compiled else args.previous
+    mine = "this checkout compiled (mypyc)" if args.this_compiled else "this checkout"
+    print("# deadline engine:", mine, "vs", other, "(arms alternating batch by batch)\n")
     print(
         f"- python {sys.version.split()[0]}, timer {args.timer}, load average "
         f"{os.getloadavg()[0]:.2f} at start\n"
@@ -321,7 +332,7 @@ def main() -> int:
     for n in sizes:
         keys = bc.make_keys(n)
         arms = {
-            "stallguard": tracked(lambda: Arm("stallguard", sg), keys),
+            "stallguard": tracked(lambda: Arm("stallguard", this), keys),
             "previous": tracked(lambda: Arm("previous", prev), keys),
             "naive": tracked(bc.NaiveArm, keys),
             "asyncio": tracked(bc.AsyncioArm, keys),
@@ -349,7 +360,7 @@ def main() -> int:
         row("check(), nothing due", n, idle)
         expiry = expiry_one_per_check(
             {
-                "stallguard": lambda clock: Arm("stallguard", sg, clock),
+                "stallguard": lambda clock: Arm("stallguard", this, clock),
                 "previous": lambda clock: Arm("previous", prev, clock),
             },
             keys,
@@ -359,7 +370,7 @@ def main() -> int:
         senders = [bc.Sender(k) for k in keys]
         guards = {}
         for name, make in (
-            ("stallguard", lambda: Arm("stallguard", sg)),
+            ("stallguard", lambda: Arm("stallguard", this)),
             ("previous", lambda: Arm("previous", prev)),
             ("asyncio", bc.AsyncioArm),
         ):
