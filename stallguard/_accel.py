@@ -54,8 +54,12 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _extensions() -> set[str]:
     """The names of the package's modules that are extension modules here."""
-    found = set()
-    for entry in os.listdir(_HERE):
+    found: set[str] = set()
+    try:
+        entries = os.listdir(_HERE)
+    except OSError:  # not a directory (a zip import): no extension module can load there
+        return found
+    for entry in entries:
         for suffix in EXTENSION_SUFFIXES:
             if entry.endswith(suffix):
                 found.add(entry[: -len(suffix)])
