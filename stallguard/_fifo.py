@@ -233,7 +233,7 @@ class Clock:
 
     def compact(self) -> None:
         valid = self.valid
-        self.q = deque(entry for entry in self.q if valid(entry) is not None)
+        self.q = deque([entry for entry in self.q if valid(entry) is not None])
         heap = self.heap = [item for item in self.heap if valid(_entry(item)) is not None]
         heapify(heap)
         self.limit = 2 * max(len(self.q), len(heap)) + _SLACK
@@ -325,7 +325,7 @@ class Young:
         run."""
         self.stale += 1
         if 2 * self.stale > len(self.q):
-            self.q = deque(rec for rec in self.q if rec.gen != DEAD)
+            self.q = deque([rec for rec in self.q if rec.gen != DEAD])
             self.stale = 0
 
     def pop(self) -> Rec | None:

@@ -99,7 +99,8 @@ def build() -> bool:
     if done.returncode:
         raise StepError(f"{STEP}: the build failed:\n{done.stdout}{done.stderr}")
     Stamps(BUILD).record(STEP, key)  # (a new directory: the build replaced it)
-    log(f"{STEP}: built {len(done.stdout.split())} extension modules")
+    built = [line for line in done.stdout.splitlines() if line.endswith((".so", ".pyd"))]
+    log(f"{STEP}: built {len(built)} extension modules")
     return True
 
 
