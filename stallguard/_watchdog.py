@@ -4,10 +4,11 @@ builds) with the methods that live in other modules bound to it.
 
 This class is always interpreted, also when its base is compiled: a compiled class
 cannot have functions of other modules as methods (they would be plain attributes),
-and CPython clears the weak references to an instance of an interpreted class when it
-is freed (a compiled class's deallocator does not: mypyc#1102), so the process-wide
-weak registries of watchdogs (``_registry``, ``transitions``, the metrics) hold
-instances of this class only. docs/performance.md ("The compiled core") says more.
+and the weak references to a watchdog must be cleared when it is freed: a compiled
+class with a weak-reference slot never clears it (mypyc#1102), so the core has none and
+this class owns the slot, which CPython clears (the process-wide weak registries of
+watchdogs, ``_registry``, ``transitions`` and the metrics, depend on it).
+docs/performance.md ("The compiled core") says more.
 """
 
 from __future__ import annotations

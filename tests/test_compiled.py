@@ -14,6 +14,7 @@ bound from other modules.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,10 +62,11 @@ def test_the_build_that_runs_is_the_one_the_run_expects():
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     """*code* in a fresh interpreter that imports stallguard as this process does."""
-    environ = {**os.environ, **env}
+    environ = {**os.environ}
     environ["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(os.path.dirname(stallguard.__file__)), environ.get("PYTHONPATH", "")]
     )
+    environ.update(env)  # (a PYTHONPATH given replaces it)
     return subprocess.run(  # (not from the checkout: its sources would come first)
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -86,6 +88,47 @@ def test_stallguard_pure_runs_the_sources_beside_any_build():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False True True", "STALLGUARD_PURE is set"]
+
+
+@pytest.mark.parametrize(
+    ("fakes", "why"),
+    [
+        (("_core", "_fifo", "core__mypyc"), "the compiled core does not load"),
+        (("_core",), "the compiled core is incomplete (no _fifo, core__mypyc)"),
+    ],
+)
+def test_a_compiled_core_that_cannot_run_falls_back_to_the_sources(tmp_path, fakes, why):
+    """A copy of the package with extension modules this interpreter refuses (garbage
+    in their files) or an incomplete set of them: the sources run, loaded by path,
+    ``__compiled__`` is False and ``_accel.WHY`` says why; the watchdog works."""
+    package = tmp_path / "stallguard"
+    shutil.copytree(
+        os.path.dirname(stallguard.__file__),
+        package,
+        ignore=shutil.ignore_patterns("__pycache__", *(f"*{s}" for s in EXTENSION_SUFFIXES)),
+    )
+    for name in fakes:
+        (package / f"{name}{EXTENSION_SUFFIXES[0]}").write_bytes(b"not a shared object")
+    done = _run(
+        """
+        import stallguard, stallguard._core as c, stallguard._fifo as f
+        from stallguard.testing import FakeClock
+        print(stallguard.__compiled__, c.__file__.endswith(".py"), f.__file__.endswith(".py"))
+        print(stallguard._accel.WHY)
+        clock = FakeClock()
+        spec = stallguard.Spec("f", {"a": 1.0}, terminal=["z"])
+        wd = stallguard.Watchdog(spec, clock=clock, on_expire=[])
+        wd.observe(1, "a")
+        clock.advance(2)
+        print([e.key for e in wd.check()])
+        """,
+        PYTHONPATH=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "False True True"
+    assert lines[1].startswith(why), lines[1]
+    assert lines[-1] == "[1]"
 
 
 def test_thousands_of_watchdogs_are_freed_and_forgotten():
