@@ -22,7 +22,7 @@ from .common import ROOT, VENV, Stamps, StepError, log, sha, venv_python
 
 BUILD = ROOT / "build" / "compiled"
 STEP = "compiled core (mypyc)"
-#: the core tests, ~1 min on 2 busy cores compiled (not the real engines, servers,
+#: the core tests (533), 0.5-2 min on 2 cores compiled (not the real engines, servers,
 #: examples, docs, packaging or typing: they test no more of the core)
 CORE_TESTS = [
     "tests/test_compiled.py",
