@@ -21,6 +21,22 @@ from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parent
 
+# The compiled core's run (`tools/dev.py test` runs the core tests a second time against
+# a compiled build: STALLGUARD_TEST_COMPILED is the directory holding the build's copy of
+# the package). pytest has just put this directory first on sys.path, where the sources
+# would be imported; the build goes before it. tests/test_compiled.py fails if the
+# sources run all the same.
+_COMPILED = os.environ.get("STALLGUARD_TEST_COMPILED", "")
+if _COMPILED:
+    if "stallguard" in sys.modules:
+        raise RuntimeError(
+            f"STALLGUARD_TEST_COMPILED={_COMPILED}: stallguard was imported before the "
+            f"root conftest.py ran, from {sys.modules['stallguard'].__file__}"
+        )
+    if not os.path.isfile(os.path.join(_COMPILED, "stallguard", "__init__.py")):
+        raise RuntimeError(f"STALLGUARD_TEST_COMPILED={_COMPILED}: no stallguard package there")
+    sys.path.insert(0, os.path.abspath(_COMPILED))
+
 # stallguard-vllm is installed (editable) only in .venv-vllm, but its pure-Python parts
 # (config, advise, phases) are tested in .venv too, by tests/ as well as by
 # adapters/vllm/tests/: importable from the checkout for any selection of tests, not

@@ -65,6 +65,41 @@ def load_previous(rev: str) -> Any:
     return module
 
 
+def load_compiled() -> Any:
+    """This checkout's package with the compiled core (hatch_build.py, mypyc), imported
+    as ``stallguard_compiled`` beside the sources (``stallguard``), so that the two
+    alternate in one process. The build is cached in build/bench-compiled/ and redone
+    when a file of the package changes (~40-60 s)."""
+    import hashlib
+    import shutil
+
+    sys.path.insert(0, str(HERE.parent))
+    import hatch_build
+
+    source = HERE.parent / "stallguard"
+    files = sorted(p for p in source.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for path in [*files, HERE.parent / "hatch_build.py"]:
+        digest.update(str(path.relative_to(HERE.parent)).encode() + path.read_bytes())
+    key = f"{digest.hexdigest()[:16]} {sys.version}"
+    root = HERE.parent / "build" / "bench-compiled"
+    stamp = root / "key"
+    if not (stamp.is_file() and stamp.read_text() == key):
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(
+            source, root / "stallguard_compiled", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        print("# compiling the core with mypyc (build/bench-compiled) ...", flush=True)
+        hatch_build.compile_core(root / "stallguard_compiled", root)
+        stamp.write_text(key)
+    sys.path.insert(0, str(root))
+    module = importlib.import_module("stallguard_compiled")
+    if not module.__compiled__:
+        raise SystemExit(f"the compiled build does not run: {module._accel.WHY}")
+    module.instrumentation.set_on_expire_hooks([])
+    return module
+
+
 class Arm:
     """A watchdog of either package, driven directly."""
 
@@ -254,6 +289,16 @@ def main() -> int:
     )
     parser.add_argument("--previous", default="0b9bc74", help="git revision of the previous engine")
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the 'previous' arm is this checkout's core compiled with mypyc (load_compiled)",
+    )
+    parser.add_argument(
+        "--this-compiled",
+        action="store_true",
+        help="the 'stallguard' arm is this checkout's compiled core (against --previous)",
+    )
+    parser.add_argument(
         "--timer",
         choices=("wall", "cpu"),
         default="wall",
@@ -270,10 +315,11 @@ def main() -> int:
         for s in (args.sizes or ("100,1000" if args.quick else "1000,10000,100000")).split(",")
     ]
     set_on_expire_hooks([])
-    prev = load_previous(args.previous)
-    print(
-        "# deadline engine: this checkout vs", args.previous, "(arms alternating batch by batch)\n"
-    )
+    this = load_compiled() if args.this_compiled else sg
+    prev = load_compiled() if args.compiled else load_previous(args.previous)
+    other = "this checkout compiled (mypyc)" if args.compiled else args.previous
+    mine = "this checkout compiled (mypyc)" if args.this_compiled else "this checkout"
+    print("# deadline engine:", mine, "vs", other, "(arms alternating batch by batch)\n")
     print(
         f"- python {sys.version.split()[0]}, timer {args.timer}, load average "
         f"{os.getloadavg()[0]:.2f} at start\n"
@@ -286,7 +332,7 @@ def main() -> int:
     for n in sizes:
         keys = bc.make_keys(n)
         arms = {
-            "stallguard": tracked(lambda: Arm("stallguard", sg), keys),
+            "stallguard": tracked(lambda: Arm("stallguard", this), keys),
             "previous": tracked(lambda: Arm("previous", prev), keys),
             "naive": tracked(bc.NaiveArm, keys),
             "asyncio": tracked(bc.AsyncioArm, keys),
@@ -314,7 +360,7 @@ def main() -> int:
         row("check(), nothing due", n, idle)
         expiry = expiry_one_per_check(
             {
-                "stallguard": lambda clock: Arm("stallguard", sg, clock),
+                "stallguard": lambda clock: Arm("stallguard", this, clock),
                 "previous": lambda clock: Arm("previous", prev, clock),
             },
             keys,
@@ -324,7 +370,7 @@ def main() -> int:
         senders = [bc.Sender(k) for k in keys]
         guards = {}
         for name, make in (
-            ("stallguard", lambda: Arm("stallguard", sg)),
+            ("stallguard", lambda: Arm("stallguard", this)),
             ("previous", lambda: Arm("previous", prev)),
             ("asyncio", bc.AsyncioArm),
         ):

@@ -55,11 +55,17 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,100000", help="comma-separated N")
     parser.add_argument("--rounds", type=int, default=60, help="batches per arm")
     parser.add_argument("--previous", default="813b18e", help="git revision to compare")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the 'previous' arm is this checkout's core compiled with mypyc",
+    )
     args = parser.parse_args()
     set_on_expire_hooks([])
-    prev = be.load_previous(args.previous)
+    prev = be.load_compiled() if args.compiled else be.load_previous(args.previous)
+    other = "this checkout compiled (mypyc)" if args.compiled else args.previous
     tt = time.thread_time_ns
-    print(f"# this checkout vs {args.previous}, two arms alternating, CPU time\n")
+    print(f"# this checkout vs {other}, two arms alternating, CPU time\n")
     print("| operation | N | order | this | previous | this / previous | load |")
     print("|---|---:|---|---:|---:|---:|---:|")
     for n in (int(s) for s in args.sizes.split(",")):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One row of bench_engine.py, tighter: the state change only, three arms.
 
-This checkout's watchdog, the engine at git ``--previous`` and a naive locked dict
+This checkout's watchdog, the engine at git ``--previous`` (or, with ``--compiled``,
+this checkout's compiled core: bench_engine.load_compiled) and a naive locked dict
 update take turns batch by batch (1,000 state changes each, every key moved to a live
 state other than its own) in one process, each batch timed by this thread's CPU time
 (``time.thread_time_ns``: on a loaded shared machine it leaves out the time the process
@@ -88,16 +89,23 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,100000,1000000", help="comma-separated N")
     parser.add_argument("--rounds", type=int, default=100, help="batches per arm")
     parser.add_argument("--previous", default="b512bf4", help="git revision of the engine before")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="the second arm is this checkout's compiled core, not --previous",
+    )
     args = parser.parse_args()
     bc.pc = time.thread_time_ns
     set_on_expire_hooks([])
-    prev = be.load_previous(args.previous)
-    print(f"# state change, CPU time, this checkout vs {args.previous} vs a naive locked dict\n")
+    prev = be.load_compiled() if args.compiled else be.load_previous(args.previous)
+    other = "this checkout compiled (mypyc)" if args.compiled else args.previous
+    print(f"# state change, CPU time, this checkout vs {other} vs a naive locked dict\n")
+    label = "compiled" if args.compiled else "previous"
     print(
-        "| N | this | previous | naive | dict store | this / previous | this / naive "
-        "| this / dict store | load |"
+        f"| N | this | {label} | naive | dict store | this / {label} | this / naive "
+        f"| {label} / naive | this / dict store | {label} / dict store | load |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     shares: list[str] = []
     for n in (int(s) for s in args.sizes.split(",")):
         arms = {
@@ -119,11 +127,11 @@ def main() -> int:
             gc.enable()
         samples = be.amortized(samples)
         med = {name: statistics.median(xs) for name, xs in samples.items()}
+        this, other_, naive, store = (med[k] for k in ("this", "previous", "naive", "store"))
         print(
-            f"| {n:,} | {med['this']:,.0f} ns | {med['previous']:,.0f} ns | "
-            f"{med['naive']:,.0f} ns | {med['store']:,.0f} ns | "
-            f"{med['this'] / med['previous']:.2f} | {med['this'] / med['naive']:.2f} | "
-            f"{med['this'] / med['store']:.2f} | {os.getloadavg()[0]:.1f} |",
+            f"| {n:,} | {this:,.0f} ns | {other_:,.0f} ns | {naive:,.0f} ns | {store:,.0f} ns "
+            f"| {this / other_:.2f} | {this / naive:.2f} | {other_ / naive:.2f} "
+            f"| {this / store:.2f} | {other_ / store:.2f} | {os.getloadavg()[0]:.1f} |",
             flush=True,
         )
         shares.append(

@@ -11,6 +11,7 @@ runs it in the test suite).
 
 from __future__ import annotations
 
+import ast
 import builtins
 import collections.abc
 import importlib
@@ -211,7 +212,45 @@ def _fill_chapters(app: object, docname: str, source: list[str]) -> None:
         source[0] = source[0].replace("\nCHAPTERS\n", "\n" + "\n".join(chapters()) + "\n")
 
 
+def _public_bases(app: Any, name: str, obj: object, options: object, bases: list[Any]) -> None:
+    """Watchdog's base ``_core.WatchdogCore`` (the part the optional compiled core builds)
+    is private: Watchdog binds the core's public members in its own body, so they are
+    documented as its own; the base is left out of its "Bases"."""
+    bases[:] = [b for b in bases if getattr(b, "__module__", "") != "stallguard._core"]
+
+
+def _typed_stubs() -> dict[str, tuple[str, str]]:
+    """The signatures Watchdog gives type checkers (its ``if TYPE_CHECKING:`` block) for
+    the core's methods whose arguments the library validates itself (typed ``Any`` in
+    ``_core``, so that the compiled core does not check them): name -> (args, return)."""
+    tree = ast.parse((Path(__file__).parent.parent / "stallguard" / "_watchdog.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Watchdog"]
+    stubs = {}
+    for node in ast.walk(cls):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef):
+                    fn.args.args = fn.args.args[1:]  # (self)
+                    returns = ast.unparse(fn.returns) if fn.returns else "None"
+                    stubs[fn.name] = (f"({ast.unparse(fn.args)})", returns)
+    return stubs
+
+
+def _typed_signature(
+    app: Any, what: str, name: str, obj: object, options: object, signature: Any, ret: Any
+) -> tuple[str, str] | None:
+    """Watchdog's methods from its core, shown with the types Watchdog declares for them."""
+    owner, _, method = name.rpartition(".")
+    if what == "method" and owner == "stallguard.Watchdog":
+        stub = _typed_stubs().get(method)
+        if stub is not None:
+            return stub
+    return None
+
+
 def setup(app: Any) -> None:
+    app.connect("autodoc-process-signature", _typed_signature)
+    app.connect("autodoc-process-bases", _public_bases)
     app.connect("source-read", _fill_chapters)
     app.connect("source-read", _add_constants)
     app.connect("autodoc-process-docstring", _reexported_doc_comment)

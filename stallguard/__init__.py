@@ -4,12 +4,19 @@ Declare a request's phases and how long each may last in a :class:`Spec`, feed s
 changes to a :class:`Watchdog`, and call :meth:`Watchdog.check` from your loop (or let
 a runner do it): every request that overstays is failed exactly once, and reported to
 logging and OpenTelemetry.
+
+``stallguard.__compiled__`` is True when the tracking core runs compiled (the optional
+mypyc accelerator that the platform wheels carry), False when it runs as Python (the
+pure-Python wheel, a source checkout, or ``STALLGUARD_PURE=1``); both behave the same.
+``stallguard._accel.WHY`` says why.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+# First: decides whether the compiled core or its sources run, before anything imports it.
+from . import _accel  # isort: skip
 from ._advice import Advice, StateAdvice, advise, statistics_from_prometheus
 from ._config import (
     WatchdogConfig,
@@ -26,6 +33,9 @@ from ._runners import AsyncWait, ThreadWait, WatchdogThread, run_watchdog, watch
 from ._spec import Deadline, Spec, State, state_label
 from ._stats import Distribution, StateStatistics, Statistics
 from ._watchdog import Listener, Watchdog
+
+#: True when the core runs compiled, False when it runs as Python (see the docstring)
+__compiled__: bool = _accel.COMPILED
 
 # Installs the default instrumentation hooks in the registry watchdogs read.
 from . import instrumentation as instrumentation  # isort: skip

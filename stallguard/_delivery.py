@@ -21,6 +21,7 @@ from ._fifo import EXPIRED, Note
 from ._validate import check_annotations, listener_args, tracked
 
 if TYPE_CHECKING:
+    from ._core import WatchdogCore
     from ._watchdog import Watchdog
 
 __all__ = ["Listener", "add_listener", "annotate", "remove_listener"]
@@ -205,7 +206,7 @@ def annotate(
 # ---------------------------------------------------------------------- plans
 
 
-def set_listeners(wd: Watchdog[Any], listeners: tuple[Listener, ...]) -> None:
+def set_listeners(wd: WatchdogCore, listeners: tuple[Listener, ...]) -> None:
     """Make *listeners* the watchdog's (lock held): its leave plan, its wake-up
     listeners, and (last: the expiry plan is remade when it changes) the tuple."""
     leaving = [(x, x.on_leave) for x in listeners if x.on_leave is not None]
@@ -215,7 +216,7 @@ def set_listeners(wd: Watchdog[Any], listeners: tuple[Listener, ...]) -> None:
     wd._listeners = listeners
 
 
-def expire_plan(wd: Watchdog[Any]) -> Plan:
+def expire_plan(wd: WatchdogCore) -> Plan:
     """Who sees this check's expiries: ``describe``, the enforcement hooks (enforce
     mode), the listeners, the instrumentation hooks (cached)."""
     active = _registry.active_hooks()
@@ -239,7 +240,7 @@ def expire_plan(wd: Watchdog[Any]) -> Plan:
 
 
 def dispatch(
-    wd: Watchdog[Any],
+    wd: WatchdogCore,
     expiries: list[Expiry[Any]],
     left: list[Left],
     carry: list[tuple[Expiry[Any] | Left, Plan]],
@@ -268,7 +269,7 @@ def dispatch(
 
 
 def _resume(
-    wd: Watchdog[Any],
+    wd: WatchdogCore,
     expiries: list[Expiry[Any]],
     left: list[Left],
     carry: list[tuple[Expiry[Any] | Left, Plan]],
@@ -297,7 +298,7 @@ def _resume(
 
 
 def deliver(
-    wd: Watchdog[Any],
+    wd: WatchdogCore,
     work: list[tuple[Expiry[Any], Plan]],
     leaves: list[tuple[Left, Plan]],
     returned: list[Expiry[Any]],
@@ -343,7 +344,7 @@ def deliver(
 
 
 def carry_on(
-    wd: Watchdog[Any],
+    wd: WatchdogCore,
     work: list[tuple[Expiry[Any], Plan]],
     leaves: list[tuple[Left, Plan]],
     returned: list[Expiry[Any]],
@@ -379,7 +380,7 @@ def carry_on(
         wd._next_due = -float("inf")  # the next check() delivers them
 
 
-def withdraw(wd: Watchdog[Any], expiry: Expiry[Any]) -> None:
+def withdraw(wd: WatchdogCore, expiry: Expiry[Any]) -> None:
     """An enforcement hook found *expiry*'s request concluded: not an expiry after all
     (see :data:`~stallguard.CONCLUDED`)."""
     with wd._lock:
@@ -393,7 +394,7 @@ def withdraw(wd: Watchdog[Any], expiry: Expiry[Any]) -> None:
             stats.unfired(expiry.state, expiry.reason)
 
 
-def hook_failed(wd: Watchdog[Any], hook: object, expiry: Expiry[Any] | None) -> None:
+def hook_failed(wd: WatchdogCore, hook: object, expiry: Expiry[Any] | None) -> None:
     """Count and log a hook, listener or ``describe`` that raised an ``Exception``."""
     with wd._lock:
         wd._hook_errors += 1
@@ -408,7 +409,7 @@ def hook_failed(wd: Watchdog[Any], hook: object, expiry: Expiry[Any] | None) -> 
         )
 
 
-def notify_leave(wd: Watchdog[Any], left: Left) -> None:
+def notify_leave(wd: WatchdogCore, left: Left) -> None:
     """Tell the leave listeners (observe, forget). A ``BaseException`` propagates;
     the listeners it kept from hearing of *left* hear of it at the next check()."""
     plan = wd._leave_plan
@@ -426,7 +427,7 @@ def notify_leave(wd: Watchdog[Any], left: Left) -> None:
         raise
 
 
-def notify_wake(wd: Watchdog[Any]) -> None:
+def notify_wake(wd: WatchdogCore) -> None:
     """Wake the runners. A wake-up cannot wait for a later check: a ``BaseException``
     propagates only once every listener was called."""
     interrupted: BaseException | None = None

@@ -23,21 +23,21 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
-from typing import Any
+from typing import Any, Final
 
 from ._spec import State, state_label
 
 __all__ = ["DEAD", "LIFETIME", "NEW", "STALL", "STATE", "Clock", "Note", "Rec", "Slot", "Young"]
 
-_INF = float("inf")
+_INF: Final = float("inf")
 #: a record's generation once it is untracked: every FIFO entry for it is stale
-DEAD = -1
+DEAD: Final = -1
 #: stale FIFO entries tolerated beyond twice the live ones
-_SLACK = 1024
+_SLACK: Final = 1024
 #: tombstone values of ``Watchdog._gone``: the key was force-failed (enforce mode) ...
-EXPIRED = True
+EXPIRED: Final = True
 #: ... or it concluded (terminal state, forget(), or reported-then-ended)
-CONCLUDED = False
+CONCLUDED: Final = False
 
 
 class Note:
@@ -92,9 +92,9 @@ class Rec:
 Entry = tuple[float, Any, int]
 
 #: the kinds of clock, each with its rule for when an entry holds
-STATE = "state"
-STALL = "stall"
-LIFETIME = "lifetime"
+STATE: Final = "state"
+STALL: Final = "stall"
+LIFETIME: Final = "lifetime"
 
 
 def holds(kind: str, where: dict[Any, Rec]) -> Callable[[Entry], Rec | None]:
@@ -233,7 +233,7 @@ class Clock:
 
     def compact(self) -> None:
         valid = self.valid
-        self.q = deque(entry for entry in self.q if valid(entry) is not None)
+        self.q = deque([entry for entry in self.q if valid(entry) is not None])
         heap = self.heap = [item for item in self.heap if valid(_entry(item)) is not None]
         heapify(heap)
         self.limit = 2 * max(len(self.q), len(heap)) + _SLACK
@@ -325,7 +325,7 @@ class Young:
         run."""
         self.stale += 1
         if 2 * self.stale > len(self.q):
-            self.q = deque(rec for rec in self.q if rec.gen != DEAD)
+            self.q = deque([rec for rec in self.q if rec.gen != DEAD])
             self.stale = 0
 
     def pop(self) -> Rec | None:
@@ -481,4 +481,4 @@ def pop_due(
 
 #: the slot of a record that is being created: it leaves no state (no time in state, no
 #: leave notification) when it enters its first one
-NEW = Slot("(new)", None, {})
+NEW: Final = Slot("(new)", None, {})

@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    from ._core import WatchdogCore
     from ._details import Expiry
     from ._watchdog import Watchdog
 
@@ -29,6 +30,9 @@ _active: tuple[Hook, ...] | None = None
 resolver: Callable[[], tuple[Hook, ...]] | None = None
 # Called with each new watchdog (enable_metrics() installs its listeners with it).
 on_register: Callable[[Watchdog[Any]], None] | None = None
+# Weak references to Watchdog instances only: Watchdog is an interpreted class even when
+# its base (WatchdogCore) is compiled, and CPython's deallocator of an interpreted class
+# clears its weak references (a compiled class's does not: mypyc#1102, docs/performance.md).
 _watchdogs: weakref.WeakSet[Watchdog[Any]] = weakref.WeakSet()
 # Set by stallguard.instrumentation: whether resolving the hooks now costs no import that
 # a process whose requests never expire would not pay (then a new watchdog resolves them,
@@ -60,8 +64,9 @@ def invalidate() -> None:
         _active = None
 
 
-def register_watchdog(watchdog: Watchdog[Any]) -> None:
+def register_watchdog(core: WatchdogCore) -> None:
     """Called by every :class:`~stallguard.Watchdog` at the end of its construction."""
+    watchdog = cast("Watchdog[Any]", core)  # (only Watchdog instances are ever made)
     with lock:  # atomic with enable_metrics()' switch: no watchdog missed or done twice
         _watchdogs.add(watchdog)
         if on_register is not None:

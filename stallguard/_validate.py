@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from ._errors import ClockError, ConfigError, UnknownStateError
 
 if TYPE_CHECKING:
+    from ._core import WatchdogCore
     from ._fifo import Rec, Slot
-    from ._watchdog import Watchdog
 
 __all__ = [
     "MODES",
@@ -294,7 +294,7 @@ def _check_attributes(attributes: object) -> None:
 
 
 def unhashable_lookup(
-    wd: Watchdog[Any], key: object, state: object
+    wd: WatchdogCore, key: object, state: object
 ) -> tuple[Slot | None, Rec | None]:
     """``Watchdog.observe``'s look-ups when one raised TypeError: an unhashable state
     is an unknown one; an unhashable key is refused."""
@@ -308,7 +308,7 @@ def unhashable_lookup(
         raise unhashable(key) from None
 
 
-def tracked(wd: Watchdog[Any], key: object) -> Rec | None:
+def tracked(wd: WatchdogCore, key: object) -> Rec | None:
     """*key*'s record, or None if it is not tracked (lock held); an unhashable key is
     refused. (``heartbeat`` inlines it: a call less per progress event.)"""
     try:
@@ -317,7 +317,7 @@ def tracked(wd: Watchdog[Any], key: object) -> Rec | None:
         raise unhashable(key) from None
 
 
-def unknown_state(wd: Watchdog[Any], key: object, state: object) -> None:
+def unknown_state(wd: WatchdogCore, key: object, state: object) -> None:
     """``Watchdog.observe`` of a state the spec does not declare: refused
     (``unknown_state="raise"``) or counted."""
     if wd._options.unknown_state == "raise":

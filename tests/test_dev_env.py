@@ -376,3 +376,21 @@ def test_the_alone_tests_run_after_the_others_by_themselves():
     assert len(dev.runners.test_phases(["-m", "sglang"], {})) == 1
     # no workers: one run of everything, as before
     assert dev.runners.test_phases([], {"STALLGUARD_TEST_WORKERS": "0"}) == [["--durations=30"]]
+
+
+def test_the_whole_suite_runs_the_core_tests_again_against_the_compiled_core():
+    """`test` with no arguments ends with the core tests against a compiled build
+    (devlib.compiled); a selection of the caller's does not, unless asked."""
+    compiled = dev.compiled
+    assert compiled.wanted([], {}) and not compiled.wanted(["tests/test_spec.py"], {})
+    assert compiled.wanted(["-x"], {"STALLGUARD_TEST_COMPILED_PHASE": "1"})
+    assert not compiled.wanted([], {"STALLGUARD_TEST_COMPILED_PHASE": "0"})
+    args, env = compiled.phase(["-n", "2", "--dist", "loadfile"])
+    assert env["STALLGUARD_TEST_COMPILED"] == str(compiled.BUILD)
+    assert env["PYTHONSAFEPATH"] == "1" and "STALLGUARD_PURE" not in env
+    assert args[args.index("-m") + 1] == compiled.MARKERS
+    assert "tests/test_compiled.py" in args  # the control: fails if the sources ran
+    assert all((dev.ROOT / t).is_file() for t in compiled.CORE_TESTS)
+    # every file of the package keys the build (a stale build is never tested)
+    assert dev.ROOT / "stallguard" / "_core.py" in compiled.inputs()
+    assert dev.ROOT / "hatch_build.py" in compiled.inputs()

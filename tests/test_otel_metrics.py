@@ -6,8 +6,10 @@ its own (the gauges read every live watchdog of the process), and moves a FakeCl
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
+import weakref
 from collections import Counter
 
 import pytest
@@ -209,6 +211,19 @@ def test_live_and_future_watchdogs_get_the_recorder():
         watchdog.observe("a", "Transferring")
     (point,) = points(reader, si.METRIC_STATE_DURATION, "m_live").values()
     assert (point.count, point.sum) == (2, 6)
+
+
+def test_a_watchdog_made_while_metrics_are_on_is_freed(reader):
+    """The metrics hold their watchdogs weakly: one dropped is freed (its recorder was
+    once kept as the Listener, which holds its watchdog, so none ever was)."""
+    gone = []
+    watchdog = sg.Watchdog(spec("m_freed"))
+    watchdog.observe("a", "Bootstrapping")
+    assert watchdog.listeners
+    ref = weakref.ref(watchdog, gone.append)
+    del watchdog
+    gc.collect()
+    assert ref() is None and len(gone) == 1
 
 
 def test_someone_elses_on_leave_listens_beside_the_metrics():

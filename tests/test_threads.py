@@ -6,12 +6,23 @@ wait (event-driven) half-way through until the checker has expired something, an
 assertion depends on how fast anything runs. Real time only bounds a hang (``SAFETY``)
 and paces the checker (which also bounds how far it moves the fake clock: far less
 than the healthy deadlines, whatever the load).
+
+Meaningful on the compiled core too (tests/test_compiled.py; a state change there takes
+a third of the time and, being native code, is never interrupted by a thread switch but
+where it calls Python, e.g. the FakeClock under the lock): the interpreter switches
+threads every 0.1 ms instead of every 5 ms during the run, and the test checks that the
+writers really ran interleaved (their progress marks alternate many times), not one
+after another.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import sys
 import threading
+
+import pytest
 
 import stallguard as sg
 from stallguard.instrumentation import set_on_expire_hooks
@@ -32,6 +43,16 @@ TRANSITIONS_PER_THREAD = 20_000
 STEP = 0.001  # fake seconds per checker round
 PACE = 0.0002  # real seconds the checker pauses per round: at most 5 fake s per real s
 SAFETY = 300  # real seconds: only guards against a hang
+SWITCH = 1e-4  # real seconds between the interpreter's thread switches during the run
+MARK = 100  # a writer notes its progress every MARK transitions
+
+
+@pytest.fixture(autouse=True)
+def _switch_often():
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH)
+    yield
+    sys.setswitchinterval(before)
 
 
 def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
@@ -47,6 +68,7 @@ def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
     healthy: dict[int, list[int]] = {}
     errors: list[BaseException] = []
     still_writing: list[int] = []  # writers that saw an expiry with work left to do
+    marks: list[int] = []  # writer ids, one per MARK transitions, in the order made
 
     def writer(t: int) -> None:
         try:
@@ -65,6 +87,8 @@ def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
                     assert wd.snapshot(requests=False).expired > 0
                     still_writing.append(t)
                 key += 1
+                if key % MARK == 0:
+                    marks.append(t)
                 if key % 10 == 0:
                     wd.observe(key, "d")
                     mine_doomed.append(key)
@@ -108,6 +132,9 @@ def test_many_writers_one_checker_lose_nothing_and_expire_exactly_once():
     assert not check_thread.is_alive(), "the checker hung"
     assert not errors, errors
     assert sorted(still_writing) == list(range(THREADS))
+    # the writers ran interleaved: their marks alternate (one after another: THREADS - 1)
+    switches = sum(a != b for a, b in itertools.pairwise(marks))
+    assert switches >= 4 * THREADS, (switches, len(marks))
     assert clock() < HEALTHY / 2, "the run outlasted the healthy deadlines; the test is invalid"
     # the FIFOs stayed in time order while the clock moved under the writers' reads
     assert wd._in_time_order()

@@ -4,7 +4,10 @@
     python3 tools/dev.py env                 create/update .venv and its overlays, .venv-vllm
     python3 tools/dev.py test [pytest args]  `env`, then `.venv/bin/python -m pytest ARGS`: the
                                              tests on 2 xdist workers, then those marked
-                                             `alone` by themselves (STALLGUARD_TEST_WORKERS)
+                                             `alone` by themselves (STALLGUARD_TEST_WORKERS);
+                                             with no ARGS, then the core tests again against
+                                             the compiled core (mypyc, built into
+                                             build/compiled: devlib.compiled)
     python3 tools/dev.py demo [demo args]    `env`, then the demo: the PD wedge on SGLang's and
                                              vLLM's engines (examples/pd_wedge, vllm_wedge),
                                              then faults and report->advise->enforce on real
@@ -111,7 +114,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from devlib import build, checks, common, envs, locking, runners, system
+from devlib import build, checks, common, compiled, envs, locking, runners, system
 from devlib.build import build_all, env_command, install_lock, plan
 from devlib.cli import main as _main
 from devlib.common import (
@@ -153,7 +156,7 @@ __all__ = [
     "ALL", "DOCS", "ENV_VENVS", "FORBIDDEN", "MAIN", "OVERLAY0517", "OVERLAY_REALSRV",
     "ROOT", "STAMP_VERSION", "VENVS", "VLLM_VENV", "VLLMCPU_VENV", "Group", "Progress", "Stamps",
     "StepError", "VenvSpec", "build", "build_all", "canonical", "check_lock", "checks",
-    "common", "demo_command", "docs_command", "env_command", "envs", "install_lock",
+    "common", "compiled", "demo_command", "docs_command", "env_command", "envs", "install_lock",
     "lint_command", "lock_command", "lock_inputs", "locking", "main", "pip_sources",
     "plan", "project_requirements", "read_lock", "requirement_name", "run", "runners",
     "sha", "system", "test_command",

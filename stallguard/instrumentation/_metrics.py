@@ -21,7 +21,7 @@ from ._otel import ERROR_TYPES, INSTRUMENTATION_SCOPE, _scope_version
 
 if TYPE_CHECKING:
     from .._details import Expiry
-    from .._watchdog import Listener, Watchdog
+    from .._watchdog import Watchdog
 
 __all__ = [
     "DEFAULT_STATE_DURATION_BUCKETS",
@@ -107,8 +107,11 @@ class _Metrics:
             meter_provider=meter_provider,
         )
         self.provider = meter_provider
-        # watchdog -> the on_leave recorder installed on it (to remove only our own)
-        self.recorders: weakref.WeakKeyDictionary[Watchdog[Any], Listener]
+        # watchdog -> the on_leave recorder installed on it (to remove only our own). The
+        # function, not its Listener: a Listener holds its watchdog, and a value that
+        # holds its key keeps it alive for as long as the dictionary (every watchdog made
+        # while metrics were on was never freed).
+        self.recorders: weakref.WeakKeyDictionary[Watchdog[Any], Callable[[str, float], None]]
         self.recorders = weakref.WeakKeyDictionary()
         self.expiries = meter.create_counter(
             METRIC_EXPIRIES,
@@ -192,12 +195,15 @@ class _Metrics:
         any other listener)."""
         if watchdog in self.recorders:
             return
-        self.recorders[watchdog] = watchdog.add_listener(on_leave=self.recorder(watchdog.spec.name))
+        on_leave = self.recorder(watchdog.spec.name)
+        watchdog.add_listener(on_leave=on_leave)
+        self.recorders[watchdog] = on_leave
 
     def uninstall(self, watchdog: Watchdog[Any]) -> None:
-        listener = self.recorders.pop(watchdog, None)
-        if listener is not None:
-            listener.remove()
+        on_leave = self.recorders.pop(watchdog, None)
+        for listener in watchdog.listeners:
+            if on_leave is not None and listener.on_leave is on_leave:
+                listener.remove()
 
     # -- the observable gauges
     def _per_state(self) -> dict[tuple[str, str], tuple[int, float]]:

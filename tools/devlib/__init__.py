@@ -7,5 +7,6 @@
   one builder that installs any of them;
 * :mod:`devlib.locking` - the hashed locks in tools/lock/, resolved by ``uv pip compile``;
 * :mod:`devlib.runners` - ``test``, ``demo``, ``docs``, ``lint``;
+* :mod:`devlib.compiled` - ``test``'s last phase: the core tests against the compiled core;
 * :mod:`devlib.cli` - the command line (``main``).
 """

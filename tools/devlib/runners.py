@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 
-from . import build
+from . import build, compiled
 from .common import ROOT, VENV, StepError, log, venv_python
 from .envs import DOCS, VENV_VLLM, VLLMCPU_VENV
 
@@ -66,6 +66,15 @@ def test_command(args: list[str]) -> int:
         cmd = [str(venv_python(VENV)), "-m", "pytest", *phase]
         log("test: " + " ".join(cmd))
         codes.append(subprocess.call(cmd, cwd=ROOT))
+    # the whole suite: the core tests once more, against the compiled core (devlib.compiled)
+    if compiled.wanted(args):
+        try:
+            rc = compiled.run(worker_args(args))
+        except StepError as e:
+            log(str(e))
+            rc = 1
+        if rc is not None:
+            codes.append(rc)
     # a phase that selected nothing (exit 5: e.g. a file of the other kind was named) is
     # fine while another ran tests; nothing collected at all is a failure
     ran = [c for c in codes if c != 5]
