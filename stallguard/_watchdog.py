@@ -62,7 +62,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from . import _delivery, _guard, _registry, _views
+from . import _adopt, _delivery, _guard, _registry, _views
 from ._delivery import Listener, Plan, describe_hook
 from ._details import Expiry, Mode, new_expiry
 from ._errors import ConfigError
@@ -500,6 +500,8 @@ class Watchdog(Generic[K]):
         return True
 
     annotate = _delivery.annotate
+    adopt = _adopt.adopt
+    record_stays = _adopt.record_stays
 
     # ------------------------------------------------------------------ deadlines
 
