@@ -549,17 +549,23 @@ class QueueGuard(QueueMembership):
     def _enroll(self, reqs: list[Any]) -> None:
         entries = self.entries
         last: Lane | None = None
+        kind: Any = None  # the sender class of the last lane looked up
         now = 0.0
         for req in reqs:
             if id(req) in entries:
                 continue
             sender = getattr(req, "disagg_kv_sender", None)
-            lane = None if sender is None else self._lane_of(sender)
-            if lane is None:
-                continue
-            if lane is not last:  # one clock read per lane and batch
-                last = lane
-                now = lane.clock()
+            if sender.__class__ is kind:  # (a batch's senders are usually of one class)
+                lane = last
+            else:
+                lane = None if sender is None else self._lane_of(sender)
+                if lane is None:
+                    continue
+                kind = sender.__class__
+                if lane is not last:  # one clock read per lane and batch
+                    last = lane
+                    now = lane.clock()
+            assert lane is not None
             entry = entries[id(req)] = _new_entry(lane, req, sender)
             # (the state is read after the entry is in the rooms map: a change this read
             # misses finds the entry there and is captured as an event, at or after now)
