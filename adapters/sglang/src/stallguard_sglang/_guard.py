@@ -15,7 +15,13 @@ or a ``PrefillBootstrapQueue``'s ``queue``. Around each call of the queue's meth
 4. calls SGLang's method; then
 5. **forgets the requests that left** (``Watchdog.forget``).
 
-The watchdog does all the deadline bookkeeping: the guard schedules nothing itself.
+While a request is **young** (less than half the lane's shortest deadline or progress
+window since it joined: none of its deadlines can be due), the lane keeps it itself: its
+state, that state's start and its last progress on its :class:`Entry`, written by the
+captured changes, its stays batched for the watchdog's statistics
+(``Watchdog.record_stays``). The first queue call past that hands it to the watchdog
+with exactly those starts (``Watchdog.adopt``); from then on the watchdog does all the
+deadline bookkeeping as above. Most requests leave young and never reach the watchdog.
 
 Enrollment is O(new requests): SGLang only appends to these lists between calls and
 replaces them with a new list at the end of each call, so new requests are the tail past
