@@ -499,9 +499,7 @@ class Watchdog(Generic[K]):
             _delivery.notify_leave(self, left)
         return True
 
-    annotate = _delivery.annotate
-    adopt = _adopt.adopt
-    record_stays = _adopt.record_stays
+    annotate, adopt, record_stays = _delivery.annotate, _adopt.adopt, _adopt.record_stays
 
     # ------------------------------------------------------------------ deadlines
 

@@ -512,9 +512,10 @@ class QueueGuard(QueueMembership):
         the watchdog's snapshot (a view for tests and debugging: O(requests))."""
         out: list[tuple[Entry, str, float]] = []
         for lane in self.checks:
-            out += [
-                (e, KVPOLL[e.state], e.since) for e in lane.young if e.young and e.state in LIVE
-            ]  # type: ignore[index]
+            for e in lane.young:
+                state: Any = e.state
+                if e.young and state in LIVE:
+                    out.append((e, KVPOLL[state], e.since))
             out += [(r.key, str(r.state), r.entered_at) for r in lane.wd.snapshot().requests]
         return out
 
