@@ -52,9 +52,10 @@ def adopt(
         as concluded (nothing changes, as for a late ``observe``).
 
     Raises:
-        UnknownStateError / ValueError: *state* is not a live state of the spec.
-        ValueError: *since* or *beat* is later than the clock's now, NaN or infinite,
-            or *beat* is earlier than *since*.
+        UnknownStateError: *state* is not a state of the spec (with
+            ``unknown_state="raise"``).
+        ValueError: *state* is terminal; *since* or *beat* is later than the clock's
+            now, NaN or infinite, or *beat* is earlier than *since*.
         TypeError: *since* or *beat* is not a number, or *key* is not hashable.
     """
     slot = wd._slots.get(state)
