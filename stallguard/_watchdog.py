@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _delivery, _guard, _views
+from . import _adopt, _delivery, _guard, _views
 from ._core import WatchdogCore
 from ._delivery import Listener
 from ._details import Expiry, Mode
@@ -131,7 +131,7 @@ class Watchdog(WatchdogCore, Generic[K]):
     add_listener = _delivery.add_listener
     listeners = WatchdogCore.listeners
     remove_listener = _delivery.remove_listener
-    annotate = _delivery.annotate
+    annotate, adopt, record_stays = _delivery.annotate, _adopt.adopt, _adopt.record_stays
 
     # ------------------------------------------------------------------ poll loops
 

@@ -240,8 +240,7 @@ def test_a_phase_change_racing_the_check_is_withdrawn_and_the_new_phase_guarded(
         assert "moving" in sched.inflight_rids()
         assert expiries == []
         assert forced_count("nixl", "WaitingForInput") == before
-        wd = guard_of(sched).lanes["nixl"].wd
-        assert [str(r.state) for r in wd.snapshot().requests] == ["Transferring"]
+        assert [state for _, state, _ in guard_of(sched).requests()] == ["Transferring"]
         step_each_second_until(sched, clock, moved_at + DEADLINES["Transferring"], "moving")
         clock.advance(moved_at + DEADLINES["Transferring"] - clock())
         sched.step()
@@ -347,11 +346,7 @@ def tracked(sched):
 
 def watched(sched):
     """The requests the watchdogs track, with their state and its start."""
-    return {
-        (str(r.key), r.state, r.entered_at)
-        for wd in guard_of(sched).watchdogs.values()
-        for r in wd.snapshot().requests
-    }
+    return {(str(key), state, start) for key, state, start in guard_of(sched).requests()}
 
 
 def test_steady_state_enrolls_the_tail_without_rescanning():

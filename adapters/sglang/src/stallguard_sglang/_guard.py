@@ -15,7 +15,13 @@ or a ``PrefillBootstrapQueue``'s ``queue``. Around each call of the queue's meth
 4. calls SGLang's method; then
 5. **forgets the requests that left** (``Watchdog.forget``).
 
-The watchdog does all the deadline bookkeeping: the guard schedules nothing itself.
+While a request is **young** (less than half the lane's shortest deadline or progress
+window since it joined: none of its deadlines can be due), the lane keeps it itself: its
+state, that state's start and its last progress on its :class:`Entry`, written by the
+captured changes, its stays batched for the watchdog's statistics
+(``Watchdog.record_stays``). The first queue call past that hands it to the watchdog
+with exactly those starts (``Watchdog.adopt``); from then on the watchdog does all the
+deadline bookkeeping as above. Most requests leave young and never reach the watchdog.
 
 Enrollment is O(new requests): SGLang only appends to these lists between calls and
 replaces them with a new list at the end of each call, so new requests are the tail past
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -80,12 +87,16 @@ ROOMS = "_stallguard_rooms"  # on a CommonKVManager: room -> Entry
 FAKE = "_stallguard_entry"  # on a FakeKVSender: its Entry
 
 _UNSEEN: Any = object()
+#: young requests' stays kept for the watchdog's statistics before a batch is recorded
+#: (they are recorded at least before every export, about once a second)
+FLUSH = 512
 
 QueueKind = Literal["inflight", "bootstrap", "prealloc", "transfer"]
 
 
 class Lane:
-    """One backend's watchdog within one queue guard, and the state changes the hooks
+    """One backend's watchdog within one queue guard, the requests it holds itself
+    while they are young (see the module docstring), and the state changes the hooks
     captured for its requests (``events``: ``(entry, KVPoll value, clock reading)``,
     appended by any thread, applied in order by the scheduler thread)."""
 
@@ -95,10 +106,14 @@ class Lane:
         "common",
         "events",
         "guard",
+        "half",
         "heartbeat",
+        "stale",
         "static",
         "stats",
+        "stays",
         "wd",
+        "young",
     )
 
     def __init__(
@@ -115,6 +130,22 @@ class Lane:
         self.heartbeat = frozenset(
             KVPOLL.index(str(state)) for state, d in deadlines.items() if d.stall is not None
         )
+        #: a request is handed to the watchdog this long after it joined: half the
+        #: shortest deadline or progress window (none can be due before the whole)
+        self.half = (
+            min(
+                (s for d in deadlines.values() for s in (d.seconds, d.stall) if s is not None),
+                default=math.inf,
+            )
+            / 2
+        )
+        #: the requests the lane holds itself, in the order they joined (and some that
+        #: left: ``stale`` of them, compacted away when they are half)
+        self.young: collections.deque[Entry] = collections.deque()
+        self.stale = 0
+        #: stays of requests the watchdog never saw, for its statistics: ``(state
+        #: label, seconds)``, recorded in one batch per queue call
+        self.stays: list[tuple[str, float]] = []
         self.events: collections.deque[tuple[Entry, int, float]] = collections.deque()
         #: the span attributes every request of this lane shares (absent ones left out)
         self.static = _attributes(
@@ -126,19 +157,53 @@ class Lane:
         )
 
     def enroll(self, entry: Entry, now: float) -> None:
-        """Observe a request that joined the queue at *now*, in its current state."""
+        """A request that joined the queue at *now*, in its current state: held by the
+        lane (young) until :meth:`hand_over` gives it to the watchdog."""
         state = entry.state = read_state(entry)
-        if state not in LIVE:
-            return  # concluding already (or its room is gone): it leaves in this call
-        self.wd.observe(entry, KVPOLL[state], at=now)
-        # span attributes: computed only if the request expires (describe_entry)
-        parent = _trace_parent(entry.req)
-        if parent is not None:
-            self.wd.annotate(entry, trace_parent=parent)
+        entry.since = entry.beat = entry.joined = now
+        if state in LIVE:  # (else concluding already, or its room is gone: it leaves now)
+            self.young.append(entry)
+        else:
+            entry.young = False
+
+    def hand_over(self, now: float) -> None:
+        """Give the watchdog every young request that joined at least :attr:`half`
+        ago (none of its deadlines can be due before ``joined + 2 * half``), in its
+        state with that state's real start (``Watchdog.adopt``: exact starts)."""
+        young = self.young
+        last = now - self.half
+        wd = self.wd
+        while young and young[0].joined <= last:
+            entry = young.popleft()
+            if not entry.young:
+                self.stale -= 1  # it left the queue meanwhile
+                continue
+            entry.young = False
+            state = entry.state
+            if state not in LIVE:
+                continue  # concluded while young: it leaves the queue in this call
+            wd.adopt(entry, KVPOLL[state], since=entry.since, beat=entry.beat)
+            # span attributes: computed only if the request expires (describe_entry)
+            parent = _trace_parent(entry.req)
+            if parent is not None:
+                wd.annotate(entry, trace_parent=parent)
+
+    def left_young(self, entry: Entry) -> None:
+        """A young request left the queue: its last stay goes to the statistics."""
+        entry.young = False
+        state = entry.state
+        if state in LIVE:
+            self.stays.append((KVPOLL[state], max(0.0, self.clock() - entry.since)))
+        self.stale += 1
+        young = self.young
+        if 2 * self.stale > len(young):  # (amortised O(1): at most twice the young ones)
+            self.young = collections.deque(e for e in young if e.young)
+            self.stale = 0
 
     def apply_events(self) -> None:
         """Apply the state changes the hooks captured since the last call (scheduler
-        thread, before ``check()``)."""
+        thread, before ``check()``): on a young request's own record, or, once the
+        watchdog has it, with ``Watchdog.observe`` / ``heartbeat``."""
         events = self.events
         popleft = events.popleft
         wd = self.wd
@@ -150,17 +215,38 @@ class Lane:
             state = read_state(entry)
             if state == entry.state:
                 if status == state and state in beats:
-                    wd.heartbeat(entry, at=at)
+                    if not entry.young:
+                        wd.heartbeat(entry, at=at)
+                    elif at > entry.beat:  # a window only ever extends
+                        entry.beat = at
                 continue
             if state != status:
                 # the event is for a state the room has since left (its successor's
                 # event follows), or one that did not take (a concluded room): taking
                 # the room's current state from it would start that state's clock early
                 continue
+            if entry.young:
+                old: Any = entry.state
+                if old in LIVE:  # its stay in that state ends: to the statistics
+                    stay = at - entry.since
+                    if stay > 0:
+                        entry.since = entry.beat = at
+                    else:  # a state never starts before the one it ends
+                        stay = 0.0
+                    self.stays.append((KVPOLL[old], stay))
+                entry.state = state
+                continue
             entry.state = state
             # a terminal state untracks the request; the core never starts a state
             # before the one it ends, nor before the request's enrollment
             wd.observe(entry, KVPOLL[state], at=at)
+
+    def flush(self) -> None:
+        """Record the stays of young requests in the watchdog's statistics."""
+        stays = self.stays
+        if stays:
+            self.stays = []
+            self.wd.record_stays(stays)
 
 
 def describe_entry(entry: Any) -> dict[str, Any]:
@@ -191,7 +277,9 @@ class Entry:
     (a requeued request, or a client reusing a rid, gets a new one), shown as the rid."""
 
     __slots__ = (
+        "beat",
         "forced",
+        "joined",
         "lane",
         "live",
         "mgr",
@@ -200,8 +288,10 @@ class Entry:
         "room",
         "rooms",
         "sender",
+        "since",
         "state",
         "statuses",
+        "young",
     )
 
     def __init__(
@@ -227,6 +317,10 @@ class Entry:
         self.state: int | None = None
         #: the failure reason, once stallguard failed the request
         self.forced: str | None = None
+        #: held by its lane, not (yet) by the watchdog; then, the start of its state,
+        #: the last renewal of its progress window, and when it joined the queue
+        self.young = True
+        self.since = self.beat = self.joined = 0.0
 
     def __repr__(self) -> str:
         return repr(self.rid)
@@ -412,12 +506,27 @@ class QueueGuard(QueueMembership):
         """The watchdog of each backend this queue has seen (and guards)."""
         return {name: lane.wd for name, lane in self.lanes.items() if lane is not None}
 
+    def requests(self) -> list[tuple[Entry, str, float]]:
+        """Every live request this guard's deadlines cover, as ``(entry, state label,
+        the state's start)``: the young ones from their lane's record, the others from
+        the watchdog's snapshot (a view for tests and debugging: O(requests))."""
+        out: list[tuple[Entry, str, float]] = []
+        for lane in self.checks:
+            for e in lane.young:
+                state: Any = e.state
+                if e.young and state in LIVE:
+                    out.append((e, KVPOLL[state], e.since))
+            out += [(r.key, str(r.state), r.entered_at) for r in lane.wd.snapshot().requests]
+        return out
+
     # ------------------------------------------------------------------ around a call
 
     def idle(self) -> None:
         """The queue is empty: export what its last requests left to ``/metrics``, once
         the export period is up (so a scrape after the traffic stops sees every stay)."""
         for lane in self.checks:
+            if lane.stays:
+                lane.flush()
             lane.stats.tick(lane.clock())
 
     def before(self, queue: list[Any]) -> None:
@@ -429,26 +538,41 @@ class QueueGuard(QueueMembership):
         self.sync(queue)
         for lane in self.checks:
             now = lane.clock()
-            expired = lane.wd.check(now)  # enforce: QueueGuard.on_expire fails them
+            young = lane.young
+            if young and young[0].joined <= now - lane.half:
+                lane.hand_over(now)
+            expired = lane.wd.check()  # enforce: QueueGuard.on_expire fails them
             # time in state to /metrics about once a second; the expiries' counts at once
-            lane.stats.tick(now, expired)
+            # (the young requests' stays reach the watchdog's statistics just before)
+            stats = lane.stats
+            if expired or now >= stats.due:
+                lane.flush()
+                stats.tick(now, expired)
+            elif len(lane.stays) >= FLUSH:
+                lane.flush()
 
     # ------------------------------------------------------------------ membership
 
     def _enroll(self, reqs: list[Any]) -> None:
         entries = self.entries
         last: Lane | None = None
+        kind: Any = None  # the sender class of the last lane looked up
         now = 0.0
         for req in reqs:
             if id(req) in entries:
                 continue
             sender = getattr(req, "disagg_kv_sender", None)
-            lane = None if sender is None else self._lane_of(sender)
-            if lane is None:
-                continue
-            if lane is not last:  # one clock read per lane and batch
-                last = lane
-                now = lane.clock()
+            if sender.__class__ is kind:  # (a batch's senders are usually of one class)
+                lane = last
+            else:
+                lane = None if sender is None else self._lane_of(sender)
+                if lane is None:
+                    continue
+                kind = sender.__class__
+                if lane is not last:  # one clock read per lane and batch
+                    last = lane
+                    now = lane.clock()
+            assert lane is not None
             entry = entries[id(req)] = _new_entry(lane, req, sender)
             # (the state is read after the entry is in the rooms map: a change this read
             # misses finds the entry there and is captured as an event, at or after now)
@@ -473,7 +597,9 @@ class QueueGuard(QueueMembership):
                 del rooms[entry.room]
         elif getattr(entry.sender, FAKE, None) is entry:
             delattr(entry.sender, FAKE)
-        if entry.state in LIVE:  # the watchdog may track it
+        if entry.young:  # the watchdog never saw it
+            entry.lane.left_young(entry)
+        elif entry.state in LIVE:  # the watchdog may track it
             entry.lane.wd.forget(entry, remember=False)
         # the entry may live on a little (the watchdog's last tombstone, a captured
         # event): do not keep the finished request alive with it

@@ -158,7 +158,7 @@ class LaneStats:
         clock: the lane's clock.
     """
 
-    __slots__ = ("_due", "_exporter", "backend", "clock", "labels", "queue", "wd")
+    __slots__ = ("_exporter", "backend", "clock", "due", "labels", "queue", "wd")
 
     def __init__(
         self,
@@ -177,15 +177,16 @@ class LaneStats:
         known.setdefault("tp_rank", "" if tp_rank is None else str(tp_rank))
         #: every label after ``state``, by name (read when the metrics exist)
         self.labels = known
-        self._due = -math.inf
+        #: when the next export is due (the queue guard skips the call before it)
+        self.due = -math.inf
         self._exporter: StatisticsExporter | None = None
 
     def tick(self, now: float, expired: object = ()) -> None:
         """Export if :data:`EXPORT_PERIOD` passed since the last export, or at once
         after a check that *expired* something (its result), so that the counters of
         expiries are current after every check (queue loop)."""
-        if expired or now >= self._due:
-            self._due = now + EXPORT_PERIOD
+        if expired or now >= self.due:
+            self.due = now + EXPORT_PERIOD
             self.export()
 
     def export(self) -> None:
