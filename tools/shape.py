@@ -43,10 +43,12 @@ WATCHDOG_LINES_TARGET = 600
 ANCHORS = (2.0, 2.7)
 CEILING = "C"  # no block graded worse in the hot path and the adapters
 #: the highest average complexity ``--check`` accepts per area: a little above the
-#: figures reached on 2026-12-04 (core 3.26, stallguard-sglang 3.11, stallguard-vllm 2.92)
+#: figures reached on 2026-12-04 (core 3.26, stallguard-sglang 3.11, stallguard-vllm 2.92);
+#: stallguard-sglang's raised to 3.23 by the young-request lanes (3.20: the inlined
+#: ``Lane.apply_events`` C12 is the queue's hot path, measured in docs/performance.md)
 AVERAGE_CEILINGS = {
     "core (stallguard/)": 3.30,
-    "stallguard-sglang": 3.15,
+    "stallguard-sglang": 3.23,
     "stallguard-vllm": 2.95,
 }
 
