@@ -35,13 +35,21 @@ _INF = float("inf")
 
 
 def adopt(
-    wd: Watchdog[K], key: K, state: State, *, since: float, beat: float | None = None
+    wd: Watchdog[K],
+    key: K,
+    state: State,
+    *,
+    since: float,
+    beat: float | None = None,
+    born: float | None = None,
 ) -> bool:
     """Track *key*, which the watchdog does not track, in live *state* entered at
     *since* (its progress window, if the state has one, last renewed at *beat*; default
     *since*), with exactly those starts: for an integration that kept the request itself
     while none of its deadlines could be due (see the module's docstring). Its lifetime,
-    if the spec has one, counts from *since* too.
+    if the spec has one, counts from *born*: when the request was first seen (default
+    *since*; pass it whenever the request was in another state before *since*, or its
+    lifetime would count from a later start than it has).
 
     The caller must hand the request over before its earliest deadline could be due
     (its first sight plus the shortest duration of the spec); a deadline already past
@@ -55,8 +63,9 @@ def adopt(
         UnknownStateError: *state* is not a state of the spec (with
             ``unknown_state="raise"``).
         ValueError: *state* is terminal; *since* or *beat* is later than the clock's
-            now, NaN or infinite, or *beat* is earlier than *since*.
-        TypeError: *since* or *beat* is not a number, or *key* is not hashable.
+            now, NaN or infinite, *beat* is earlier than *since*, or *born* is later
+            than *since*.
+        TypeError: *since*, *beat* or *born* is not a number, or *key* is not hashable.
     """
     slot = wd._slots.get(state)
     if slot is None:
@@ -70,10 +79,14 @@ def adopt(
         beat = since if beat is None else check_at(beat, now)
         if beat < since:
             raise ValueError(f"beat={beat!r} is earlier than since={since!r}")
+        born = since if born is None else check_at(born, now)
+        if born > since:
+            raise ValueError(f"born={born!r} is later than since={since!r}")
         if key in wd._where or key in wd._gone:
             return False
         rec = wd._where[key] = Rec(key, slot, since)
         rec.beat = beat
+        rec.lifestart = born
         life = wd._young.life
         enrol(rec, life)  # (not young: onto the FIFOs, or the heaps when out of order)
         due = due_of(rec, life)

@@ -152,3 +152,25 @@ def test_adopted_requests_expire_at_exactly_since_plus_deadline(
     assert set(fired) == set(due)
     for key, (since, _t) in fired.items():
         assert since == due[key][0]
+
+
+def test_adopt_lifetime_counts_from_born_not_from_the_latest_state(clock: FakeClock) -> None:
+    """A request kept while young changed state before it was handed over: its
+    lifetime counts from when it was first seen (``born``), not from the start of the
+    state it is handed over in (the default, ``since``, would give it 6 s more)."""
+    spec = sg.Spec("life", {"A": 100, "B": 100}, terminal=["Done"], lifetime=30)
+    wd: sg.Watchdog[str] = sg.Watchdog(spec, clock=clock)
+    assert wd.adopt("r", "B", since=996.0, born=990.0)
+    assert wd.adopt("control", "B", since=996.0)  # lifetime from since: 1026
+    assert wd.next_deadline() == 1020.0
+    clock.set(1019.999)
+    assert wd.check() == []
+    clock.set(1020.0)
+    [expiry] = wd.check()
+    assert (expiry.key, expiry.reason) == ("r", "lifetime")
+    clock.set(1026.0)
+    assert [e.key for e in wd.check()] == ["control"]
+    with pytest.raises(ValueError, match="born=997.0 is later than since=996.0"):
+        wd.adopt("x", "A", since=996.0, born=997.0)
+    with pytest.raises(TypeError):
+        wd.adopt("x", "A", since=996.0, born="990")  # type: ignore[arg-type]
