@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +24,14 @@ from ._details import Expiry
 from ._validate import is_real
 from .instrumentation import _hooks, get_on_expire_hooks, set_on_expire_hooks
 
-__all__ = ["FakeClock", "record_expiries", "stop_and_wait", "threads_stopped"]
+__all__ = [
+    "FakeClock",
+    "free_port",
+    "free_ports",
+    "record_expiries",
+    "stop_and_wait",
+    "threads_stopped",
+]
 
 
 class FakeClock:
@@ -134,3 +143,39 @@ def stop_and_wait(pid: int, timeout: float = 10.0) -> float:
             raise TimeoutError(f"process {pid} did not stop within {timeout} s")
         time.sleep(0.001)
     return time.monotonic() - t0
+
+
+def free_ports(n: int, lo: int = 21000, hi: int = 27000) -> list[int]:
+    """*n* distinct TCP ports free on loopback now, from *lo* up to *hi* (excluded),
+    below the kernel's ephemeral range (32768-60999 on Linux by default), starting at
+    a random port so parallel test workers rarely pick the same ones. A port found by
+    binding port 0 is an ephemeral one, and in the seconds before a server (a gloo
+    store, an HTTP server) binds it, any process's own ephemeral bind or outgoing
+    connection can take it: "address already in use" in a suite run under load.
+
+    Raises:
+        ValueError: not ``0 < lo < hi <= 65536``, or *n* is not a positive int.
+        RuntimeError: fewer than *n* ports of the range are free.
+    """
+    if not 0 < lo < hi <= 65536:
+        raise ValueError(f"free_ports: bad range {lo}-{hi}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"free_ports: n must be a positive int, got {n!r}")
+    out: list[int] = []
+    start = random.randrange(lo, hi)
+    for i in range(hi - lo):
+        port = lo + (start - lo + i) % (hi - lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out.append(port)
+        if len(out) == n:
+            return out
+    raise RuntimeError(f"no {n} free ports in {lo}-{hi}")
+
+
+def free_port() -> int:
+    """One port of :func:`free_ports`."""
+    return free_ports(1)[0]

@@ -31,7 +31,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from stallguard.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "stallguard-rules.yml"
@@ -200,12 +201,6 @@ class Targets:
         raise AssertionError(f"Prometheus did not scrape every target {times}x: {self.scrapes}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve(targets: Targets) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -289,7 +284,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         vllm = vllm_future.result()
     targets = Targets()
     server = _serve(targets)
-    port = _free_port()
+    port = free_port()
     (tmp / "prometheus.yml").write_text(_config(server.server_address[1]))
     proc = subprocess.Popen(
         [

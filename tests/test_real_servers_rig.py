@@ -632,39 +632,3 @@ def test_plugins_by_process_joins_the_trace_to_the_process_titles(tmp_path: Path
             "pid 13": {"pid": 13, "executed": False, "hooks": 0},
         }
     }
-
-
-def test_free_ports_come_from_below_the_ephemeral_range_and_are_free() -> None:
-    """A port found by binding 0 is an ephemeral one that any process's own ephemeral
-    bind can take before the server binds it (a prefill died of "address already in
-    use" so): the rig picks from below the kernel's range, distinct and free."""
-    import socket
-
-    from examples.real_servers import _servers
-
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports = _servers.free_ports(5)
-    assert len(set(ports)) == 5 and all(21000 <= p < 27000 < low for p in ports)
-    # a taken port is skipped: hold all but one of a tiny range
-    held = []
-    try:
-        for port in range(26990, 26995):
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            held.append(s)
-        if len(held) == 5:
-            spare = held.pop()
-            free = spare.getsockname()[1]
-            spare.close()
-            assert _servers.free_ports(1, 26990, 26995) == [free]
-            with pytest.raises(RuntimeError, match="no 2 free ports"):
-                _servers.free_ports(2, 26990, 26995)
-    finally:
-        for s in held:
-            s.close()
-    with pytest.raises(ValueError, match="bad range"):
-        _servers.free_ports(1, 30, 10)

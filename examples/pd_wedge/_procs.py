@@ -17,11 +17,12 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
 from pathlib import Path
+
+from stallguard.testing import free_port as free_port  # (the drivers call _procs.free_port)
 
 from ._rpc import Endpoint, WorkerError
 
@@ -181,10 +182,3 @@ def log_path(out: Path, name: str) -> str:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     return str(logs / f"{name}.log")
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

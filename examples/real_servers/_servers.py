@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from stallguard.testing import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-realsrv"
@@ -59,29 +59,6 @@ SERVER_ENV = {
 
 #: How long a process group may live at most (a leftover after a crash of the driver).
 LIFETIME_S = 1800
-
-
-def free_ports(n: int, lo: int = 21000, hi: int = 27000) -> list[int]:
-    """*n* distinct ports free on loopback now, from below the kernel's ephemeral range
-    (32768-60999 here). A port found by binding 0 is an ephemeral one, and in the 30-90 s
-    before a server binds it any process's own ephemeral bind or outgoing connection
-    (a NIXL, ZMQ or gloo socket, a client) can take it: a prefill died of "address
-    already in use" on its HTTP port that way in a suite run at load 5-10."""
-    if not 0 < lo < hi <= 65536:
-        raise ValueError(f"free_ports: bad range {lo}-{hi}")
-    out: list[int] = []
-    start = random.randrange(lo, hi)
-    for i in range(hi - lo):
-        port = lo + (start - lo + i) % (hi - lo)
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, port))
-            except OSError:
-                continue
-        out.append(port)
-        if len(out) == n:
-            return out
-    raise RuntimeError(f"no {n} free ports in {lo}-{hi}")
 
 
 def http(

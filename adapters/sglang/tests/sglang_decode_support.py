@@ -27,7 +27,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from stallguard.testing import stop_and_wait
+from stallguard.testing import free_port, stop_and_wait
 
 _EXAMPLES = str(Path(__file__).resolve().parents[3] / "examples")
 if _EXAMPLES not in sys.path:
@@ -57,13 +56,6 @@ from pd_wedge._decode_queues import (  # noqa: E402
     make_request,
     metadata_buffers,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
 
 # --------------------------------------------------------------------------- prefill peer
 

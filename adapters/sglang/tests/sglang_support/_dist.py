@@ -9,13 +9,14 @@ import dataclasses
 import datetime
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
+
+from stallguard.testing import free_port
 
 __all__ = ["RankInfo", "RankError", "run_ranks", "free_port"]
 
@@ -32,12 +33,6 @@ class RankInfo:
 
 class RankError(RuntimeError):
     """One or more ranks raised, died, or did not finish in time."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(conn, fn, rank, world, port, setup, server_args, collective_timeout, args, kwargs):
